@@ -1,0 +1,51 @@
+"""fastper: fast, exact prioritized experience replay.
+
+>>> import numpy as np, fastper
+>>> buf = fastper.PrioritizedReplayBuffer(
+...     1024, {"obs": ((4,), np.float32), "action": ((), np.int64)}, seed=0)
+>>> slots = buf.add({"obs": np.zeros((8, 4)), "action": np.arange(8)})
+>>> batch = buf.sample(4)
+>>> buf.update_priorities(batch.indices, np.ones(4), keys=batch.keys)
+4
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import schedules
+from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, SampleBatch
+from .checkpoint import load, read_metadata
+from .errors import (
+    CheckpointError,
+    EmptyBufferError,
+    FastPERError,
+    FieldTypeError,
+    InvalidIndexError,
+    ScheduleNotSerializableError,
+    ZeroPriorityError,
+)
+from .storage import Field, Storage
+from .trees import MinTree, SumTree
+
+__all__ = [
+    "CheckpointError",
+    "EmptyBufferError",
+    "FastPERError",
+    "Field",
+    "FieldTypeError",
+    "InvalidIndexError",
+    "MinTree",
+    "PrioritizedReplayBuffer",
+    "RankBasedReplayBuffer",
+    "ReplayBuffer",
+    "SampleBatch",
+    "ScheduleNotSerializableError",
+    "Storage",
+    "SumTree",
+    "ZeroPriorityError",
+    "__version__",
+    "load",
+    "read_metadata",
+    "schedules",
+]

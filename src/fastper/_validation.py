@@ -1,0 +1,135 @@
+"""Argument checks and their messages, in one place.
+
+Messages read "`name` must <constraint>, got name=<value>". Every check here
+runs before any state is touched, so a failing call changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidIndexError
+
+_MAX_SHOW = 8
+
+
+def show(value: Any) -> str:
+    """A short repr of ``value`` for error messages."""
+    if isinstance(value, np.ndarray):
+        if value.size <= _MAX_SHOW:
+            return f"array({value.tolist()!r}, dtype={value.dtype})"
+        return f"array(shape={value.shape}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    if not _is_int(value):
+        raise TypeError(f"`{name}` must be an integer, got {name}={show(value)}")
+    ivalue = int(value)
+    if minimum is not None and ivalue < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {name}={ivalue}")
+    return ivalue
+
+
+def check_real(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict_min: bool = False,
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {name}={show(value)}")
+    fvalue = float(value)
+    if not math.isfinite(fvalue):
+        raise ValueError(f"`{name}` must be finite, got {name}={fvalue!r}")
+    if minimum is not None:
+        if strict_min and not fvalue > minimum:
+            raise ValueError(f"`{name}` must be > {minimum}, got {name}={fvalue!r}")
+        if not strict_min and fvalue < minimum:
+            raise ValueError(f"`{name}` must be >= {minimum}, got {name}={fvalue!r}")
+    if maximum is not None and fvalue > maximum:
+        raise ValueError(f"`{name}` must be <= {maximum}, got {name}={fvalue!r}")
+    return fvalue
+
+
+def as_index_array(name: str, indices: Any, limit: int, *, written: int | None = None) -> np.ndarray:
+    """1-D int64 copy of ``indices``, each in ``[0, limit)`` (and ``< written``)."""
+    arr = _to_numpy(indices)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"`{name}` must hold integers, got {name} with dtype {arr.dtype}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    lo = int(arr.min())
+    hi = int(arr.max())
+    if lo < 0 or hi >= limit:
+        bad = arr[(arr < 0) | (arr >= limit)]
+        raise InvalidIndexError(
+            f"`{name}` must lie in [0, {limit}), got out-of-range {name}={show(bad[:_MAX_SHOW])}"
+        )
+    if written is not None and hi >= written:
+        bad = arr[arr >= written]
+        raise InvalidIndexError(
+            f"`{name}` must name written slots (fewer than {written} are filled), "
+            f"got never-written {name}={show(bad[:_MAX_SHOW])}"
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def as_value_array(name: str, values: Any, length: int, *, nonnegative: bool = True) -> np.ndarray:
+    """1-D float64 copy of ``values`` of ``length`` entries, finite (and >= 0)."""
+    arr = _to_numpy(values)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+    ):
+        if arr.size:
+            raise TypeError(f"`{name}` must hold real numbers, got {name} with dtype {arr.dtype}")
+    if arr.shape[0] != length:
+        raise ValueError(
+            f"`{name}` must have {length} entries (one per index), got {name} with {arr.shape[0]}"
+        )
+    out = np.array(arr, dtype=np.float64, copy=True)
+    finite = np.isfinite(out)
+    if not finite.all():
+        raise ValueError(
+            f"`{name}` must be finite, got non-finite {name}={show(out[~finite][:_MAX_SHOW])}"
+        )
+    if nonnegative and out.size and out.min() < 0:
+        raise ValueError(f"`{name}` must be >= 0, got negative {name}={show(out[out < 0][:_MAX_SHOW])}")
+    return out
+
+
+def _to_numpy(value: Any) -> npt.NDArray[Any]:
+    """numpy view of arrays, lists, scalars and (duck-typed) torch tensors."""
+    if isinstance(value, np.ndarray):
+        return value
+    # torch tensors (and other array libraries) without importing them here
+    detach = getattr(value, "detach", None)
+    if detach is not None and hasattr(value, "cpu") and hasattr(value, "numpy"):
+        return np.asarray(detach().cpu().numpy())
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"cannot convert {show(value)} to an array: {exc}") from None
+
+
+to_numpy = _to_numpy

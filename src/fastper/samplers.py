@@ -1,0 +1,286 @@
+"""Sampling schemes: uniform, proportional and rank-based.
+
+A sampler owns the raw priorities ``p_i`` of every slot and whatever index it
+needs to draw from them (nothing for uniform, a sum tree and a min tree for
+proportional, a sorted order for rank-based). It never draws randomness: the
+buffer hands it uniforms in ``[0, 1)`` from its own ``numpy.random.Generator``,
+so samplers are deterministic functions of their state and those uniforms.
+
+Common contract:
+    ``write(slots, p)``: set raw priorities (last duplicate wins). O(B log N).
+    ``sample(u, n, beta, stratified, norm)``: indices, P(i), IS weights.
+    ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
+
+IS weights ``w_i = (N P(i))^-beta`` are normalised by (``norm``) 0: the
+largest weight in the whole buffer, 1: the largest in the batch, 2: nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ._kernels import rank as _rk
+from ._kernels import tree as _tk
+from .errors import ZeroPriorityError
+from .trees import _leaf_count
+
+NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
+
+
+def _normalised_weights(prob: np.ndarray, pmin: float, n: int, beta: float, norm: int) -> np.ndarray:
+    if norm == 0:
+        return np.power(prob / pmin, -beta)
+    if norm == 1:
+        return np.power(prob / prob.min(), -beta)
+    return np.power(n * prob, -beta)
+
+
+class Sampler:
+    """Base: raw priorities only."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, capacity: int, alpha: float) -> None:
+        self.capacity = capacity
+        self.alpha = float(alpha)
+        self.raw = np.zeros(capacity, dtype=np.float64)
+
+    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
+        _tk.scatter_last_wins(self.raw, slots, p)
+
+    def set_alpha(self, alpha: float, n: int) -> None:
+        self.alpha = float(alpha)
+
+    def check_sampleable(self, n: int) -> None:
+        """Raise if nothing can be drawn (only proportional can refuse)."""
+
+    def sample(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        self.raw[:] = 0.0
+
+    # checkpoint support: arrays over the first n slots, plus small JSON state
+    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {"priorities": self.raw[:n].copy()}
+
+    def state_meta(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], n: int) -> None:
+        self.raw[:n] = arrays["priorities"]
+        self.set_alpha(self.alpha, n)
+
+
+class UniformSampler(Sampler):
+    """P(i) = 1/N; every weight is 1. Priorities are kept but not used."""
+
+    kind = "uniform"
+
+    def sample(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        b = u.shape[0]
+        if stratified:
+            pos = (np.arange(b, dtype=np.float64) + u) * (n / b)
+        else:
+            pos = u * n
+        idx = np.minimum(pos.astype(np.int64), n - 1)
+        prob = np.full(b, 1.0 / n)
+        return idx, prob, np.ones(b, dtype=np.float64)
+
+
+class ProportionalSampler(Sampler):
+    """P(i) = p_i^alpha / sum_k p_k^alpha, from a sum tree; weights from a min tree."""
+
+    kind = "proportional"
+
+    def __init__(self, capacity: int, alpha: float) -> None:
+        super().__init__(capacity, alpha)
+        self.size = _leaf_count(capacity)
+        self.stree = np.zeros(2 * self.size, dtype=np.float64)
+        self.mtree = np.full(2 * self.size, np.inf, dtype=np.float64)
+
+    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
+        _tk.prop_set(self.raw, self.stree, self.mtree, self.size, slots, p, self.alpha)
+
+    def set_alpha(self, alpha: float, n: int) -> None:
+        self.alpha = float(alpha)
+        _tk.prop_rebuild(self.raw, n, self.stree, self.mtree, self.size, self.alpha)
+
+    def check_sampleable(self, n: int) -> None:
+        if not self.stree[1] > 0.0:
+            raise ZeroPriorityError(
+                f"cannot sample: all {n} stored priorities are zero (raise `eps` above 0 "
+                "or update priorities)"
+            )
+
+    def sample(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        b = u.shape[0]
+        idx = np.empty(b, dtype=np.int64)
+        prob = np.empty(b, dtype=np.float64)
+        w = np.empty(b, dtype=np.float64)
+        _tk.prop_sample(self.stree, self.mtree, self.size, u, stratified, beta, n, norm, idx, prob, w)
+        return idx, prob, w
+
+    def clear(self) -> None:
+        super().clear()
+        self.stree[:] = 0.0
+        self.mtree[:] = np.inf
+
+
+class RankSampler(Sampler):
+    """P(i) = rank(i)^-alpha / sum_{r=1..N} r^-alpha, rank 1 = largest priority.
+
+    Ties are broken by slot index (smaller slot = better rank), so the
+    distribution is a deterministic function of the priorities.
+
+    ``order`` keeps the slots sorted by priority. Changed slots are marked and
+    merged back lazily, in one O(N + k log k) pass, the next time the order is
+    needed. With ``sort_every=None`` (exact, the default) that is every sample
+    after a change; with ``sort_every=K`` changes to existing slots are merged
+    only every K samples (the paper re-sorts every 10^6 steps), while slots
+    written for the first time are always merged before sampling.
+
+    ``segments=True`` samples as the paper does: the rank distribution is cut
+    into ``B`` segments of (about) equal probability and one rank is drawn
+    uniformly inside each. The reported probabilities and weights are those
+    of this actual scheme: ``1 / (B * len(segment))``. With fewer stored items
+    than ``B`` it falls back to exact draws.
+    """
+
+    kind = "rank"
+
+    def __init__(
+        self, capacity: int, alpha: float, *, sort_every: int | None = None, segments: bool = False
+    ) -> None:
+        super().__init__(capacity, alpha)
+        self.sort_every = sort_every
+        self.segments = segments
+        self.order = np.zeros(capacity, dtype=np.int64)
+        self._scratch = np.zeros(capacity, dtype=np.int64)
+        self.m = 0  # valid entries in order
+        self.changed = np.zeros(capacity, dtype=np.bool_)
+        self.n_changed = 0
+        self.samples_since_sort = 0
+        self.prefix = np.empty(capacity, dtype=np.float64)
+        _rk.rank_weights_prefix(self.alpha, capacity, self.prefix)
+        self._seg_cache: tuple[int, int, np.ndarray] | None = None
+
+    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
+        _tk.scatter_last_wins(self.raw, slots, p)
+        self.changed[slots] = True
+        self.n_changed += int(slots.shape[0])
+
+    def set_alpha(self, alpha: float, n: int) -> None:
+        self.alpha = float(alpha)
+        _rk.rank_weights_prefix(self.alpha, self.capacity, self.prefix)
+        self._seg_cache = None
+
+    def sort(self, n: int) -> None:
+        """Merge every pending change into the order now. O(N + k log k)."""
+        if self.n_changed == 0:
+            return
+        ch = np.flatnonzero(self.changed[:n])
+        ch_sorted = ch[np.lexsort((ch, -self.raw[ch]))]
+        m = _rk.merge_order(self.order, self.m, self.changed, self.raw, ch_sorted, self._scratch)
+        self.order, self._scratch = self._scratch, self.order
+        self.m = int(m)
+        self.changed[ch] = False
+        self.n_changed = 0
+        self.samples_since_sort = 0
+
+    def _maybe_sort(self, n: int) -> None:
+        if self.n_changed == 0:
+            return
+        if self.sort_every is None or self.m != n or self.samples_since_sort >= self.sort_every:
+            self.sort(n)
+
+    def ranks_of(self, n: int) -> np.ndarray:
+        """0-based rank of each slot ``0..n-1`` in the current order."""
+        ranks = np.empty(n, dtype=np.int64)
+        ranks[self.order[: self.m]] = np.arange(self.m)
+        return ranks
+
+    def _bounds(self, n: int, b: int) -> np.ndarray:
+        if self._seg_cache is not None and self._seg_cache[:2] == (n, b):
+            return self._seg_cache[2]
+        total = self.prefix[n - 1]
+        targets = np.arange(1, b, dtype=np.float64) * (total / b)
+        raw_b = np.searchsorted(self.prefix[:n], targets, side="right")
+        j = np.arange(1, b)
+        # Segment j starts at the rank holding mass j/B; then force every segment
+        # to be non-empty: (start_j - j) must be non-decreasing, in [0, n - b].
+        inner = j + np.minimum(np.maximum.accumulate(np.maximum(raw_b - j, 0)), n - b)
+        bounds = np.concatenate(([0], inner, [n])).astype(np.int64)
+        self._seg_cache = (n, b, bounds)
+        return bounds
+
+    def sample(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self._maybe_sort(n)
+        self.samples_since_sort += 1
+        b = u.shape[0]
+        if self.segments and n >= b:
+            bounds = self._bounds(n, b)
+            lengths = np.diff(bounds)
+            if stratified:
+                seg = np.arange(b)
+                frac = u
+            else:
+                scaled = u * b
+                seg = np.minimum(scaled.astype(np.int64), b - 1)
+                frac = scaled - seg
+            ranks = bounds[seg] + np.minimum((frac * lengths[seg]).astype(np.int64), lengths[seg] - 1)
+            prob = 1.0 / (b * lengths[seg].astype(np.float64))
+            pmin = 1.0 / (b * float(lengths.max()))
+        else:
+            total = self.prefix[n - 1]
+            if stratified:
+                t = (np.arange(b, dtype=np.float64) + u) * (total / b)
+            else:
+                t = u * total
+            ranks = np.minimum(np.searchsorted(self.prefix[:n], t, side="right"), n - 1)
+            prob = np.power(ranks + 1.0, -self.alpha) / total
+            pmin = float(n) ** (-self.alpha) / total
+        idx = self.order[ranks]
+        return idx, prob, _normalised_weights(prob, pmin, n, beta, norm)
+
+    def clear(self) -> None:
+        super().clear()
+        self.m = 0
+        self.changed[:] = False
+        self.n_changed = 0
+        self.samples_since_sort = 0
+
+    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {
+            "priorities": self.raw[:n].copy(),
+            "order": self.order[: self.m].copy(),
+            "changed": self.changed[:n].copy(),
+        }
+
+    def state_meta(self) -> dict[str, Any]:
+        return {"n_changed": self.n_changed, "samples_since_sort": self.samples_since_sort}
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], n: int) -> None:
+        order = arrays["order"]
+        changed = arrays["changed"]
+        if order.shape[0] > n or (order.size and (order.min() < 0 or order.max() >= n)):
+            raise ValueError("rank order holds slots outside the stored range")
+        if np.unique(order).shape[0] != order.shape[0]:
+            raise ValueError("rank order repeats a slot")
+        self.raw[:n] = arrays["priorities"]
+        self.order[: order.shape[0]] = order
+        self.m = int(order.shape[0])
+        self.changed[:n] = changed
+        self.n_changed = int(meta["n_changed"])
+        self.samples_since_sort = int(meta["samples_since_sort"])
+        self.set_alpha(self.alpha, n)

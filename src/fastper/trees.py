@@ -1,0 +1,158 @@
+"""Sum and min trees over flat float64 arrays.
+
+Thin, validated wrappers around :mod:`fastper._kernels.tree`. Every method
+checks its arguments completely before writing anything, so a call that
+raises leaves the tree exactly as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._kernels import tree as _k
+from ._validation import as_index_array, as_value_array, check_int, show, to_numpy
+
+
+def _leaf_count(capacity: int) -> int:
+    return 1 << max(0, (capacity - 1).bit_length())
+
+
+class _Tree:
+    _fill: float = 0.0
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = check_int("capacity", capacity, minimum=1)
+        self._size = _leaf_count(self._capacity)
+        self._tree = np.full(2 * self._size, self._fill, dtype=np.float64)
+
+    @property
+    def capacity(self) -> int:
+        """Number of addressable leaves ``0 .. capacity - 1``."""
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the tree's array, in bytes."""
+        return int(self._tree.nbytes)
+
+    def __len__(self) -> int:
+        return self._capacity
+
+    def _checked(self, indices: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
+        idx = as_index_array("indices", indices, self._capacity)
+        vals = as_value_array("values", values, idx.shape[0])
+        return idx, vals
+
+    def get(self, indices: Any) -> np.ndarray:
+        """Leaf values at ``indices`` (float64 array). O(B)."""
+        idx = as_index_array("indices", indices, self._capacity)
+        out = np.empty(idx.shape[0], dtype=np.float64)
+        _k.gather_leaves(self._tree, self._size, idx, out)
+        return out
+
+    def leaves(self) -> np.ndarray:
+        """A copy of all addressable leaves. O(capacity)."""
+        return self._tree[self._size : self._size + self._capacity].copy()
+
+    def __getitem__(self, index: int) -> float:
+        return float(self.get(np.asarray([index]))[0])
+
+
+class SumTree(_Tree):
+    """Binary sum tree: point updates and prefix-sum search in O(log N).
+
+    Leaves start at 0. Any ``capacity >= 1`` works; leaves past ``capacity``
+    (padding up to a power of two) are zero and never addressable.
+
+    Args:
+        capacity: number of leaves.
+
+    Raises:
+        TypeError, ValueError: ``capacity`` is not an integer >= 1.
+    """
+
+    _fill = 0.0
+
+    def set(self, indices: Any, values: Any) -> None:
+        """Write ``values`` at ``indices``. O(B log N).
+
+        Duplicate indices: the last occurrence wins, exactly as if the pairs
+        were written one by one.
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``.
+            ValueError: values not finite or negative, or lengths differ.
+        """
+        idx, vals = self._checked(indices, values)
+        _k.sum_set(self._tree, self._size, idx, vals)
+
+    @property
+    def total(self) -> float:
+        """Sum of all leaves. O(1)."""
+        return float(self._tree[1])
+
+    def find(self, targets: Any) -> np.ndarray:
+        """Prefix-sum search, O(B log N).
+
+        For each target ``t`` returns the smallest ``i`` with
+        ``t < leaf[0] + ... + leaf[i]``. Targets equal to the total (or within
+        rounding of it) return the last positive leaf: a zero leaf is never
+        returned.
+
+        Raises:
+            ValueError: the tree's total is zero, or a target is not finite or
+                outside ``[0, total]``.
+        """
+        arr = to_numpy(targets)
+        scalar = arr.ndim == 0
+        t = as_value_array("targets", arr.reshape(-1), arr.size, nonnegative=True)
+        total = self.total
+        if not total > 0.0:
+            raise ValueError(f"`find` needs a positive total, got total={total!r}")
+        if t.size and t.max() > total:
+            raise ValueError(
+                f"`targets` must be <= total={total!r}, got targets={show(t[t > total][:8])}"
+            )
+        out = np.empty(t.shape[0], dtype=np.int64)
+        _k.sum_find(self._tree, self._size, t, out)
+        return out[0] if scalar else out  # type: ignore[no-any-return]
+
+    def rebuild(self) -> None:
+        """Recompute every internal node from the leaves. O(N)."""
+        _k.sum_rebuild(self._tree, self._size)
+
+    def fsum(self) -> float:
+        """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""
+        return math.fsum(self.leaves())
+
+
+class MinTree(_Tree):
+    """Binary min tree: point updates in O(log N), minimum in O(1).
+
+    Leaves start at ``+inf`` (meaning "unwritten"); ``min`` of a tree with no
+    written leaf is ``inf``.
+    """
+
+    _fill = math.inf
+
+    def set(self, indices: Any, values: Any) -> None:
+        """Write ``values`` at ``indices``; last duplicate wins. O(B log N).
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``.
+            ValueError: values not finite or negative, or lengths differ.
+        """
+        idx, vals = self._checked(indices, values)
+        _k.min_set(self._tree, self._size, idx, vals)
+
+    @property
+    def min(self) -> float:
+        """Smallest leaf. O(1)."""
+        return float(self._tree[1])
+
+    def rebuild(self) -> None:
+        """Recompute every internal node from the leaves. O(N)."""
+        _k.min_rebuild(self._tree, self._size)
