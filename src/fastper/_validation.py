@@ -64,7 +64,9 @@ def check_real(
     return fvalue
 
 
-def as_index_array(name: str, indices: Any, limit: int, *, written: int | None = None) -> np.ndarray:
+def as_index_array(
+    name: str, indices: Any, limit: int, *, written: int | None = None
+) -> np.ndarray:
     """1-D int64 copy of ``indices``, each in ``[0, limit)`` (and ``< written``)."""
     arr = _to_numpy(indices)
     if arr.ndim == 0:
@@ -114,7 +116,9 @@ def as_value_array(name: str, values: Any, length: int, *, nonnegative: bool = T
             f"`{name}` must be finite, got non-finite {name}={show(out[~finite][:_MAX_SHOW])}"
         )
     if nonnegative and out.size and out.min() < 0:
-        raise ValueError(f"`{name}` must be >= 0, got negative {name}={show(out[out < 0][:_MAX_SHOW])}")
+        raise ValueError(
+            f"`{name}` must be >= 0, got negative {name}={show(out[out < 0][:_MAX_SHOW])}"
+        )
     return out
 
 

@@ -147,7 +147,9 @@ class _Buffer:
         self._alpha_schedule = _sched.as_schedule(
             "alpha", self._default_alpha if alpha is None else alpha
         )
-        self._beta_schedule = _sched.as_schedule("beta", self._default_beta if beta is None else beta)
+        self._beta_schedule = _sched.as_schedule(
+            "beta", self._default_beta if beta is None else beta
+        )
         self._step = 0
         alpha0 = self._checked_alpha(self._alpha_schedule(0))
         self._check_beta(self._beta_schedule(0))
@@ -325,7 +327,9 @@ class _Buffer:
             p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
         return self._write(prepared, k, p)
 
-    def _write(self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None) -> np.ndarray:
+    def _write(
+        self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
+    ) -> np.ndarray:
         slots = self._storage.commit(prepared, k)
         self._keys[slots] = np.arange(self._added, self._added + k, dtype=np.int64)
         self._added += k
@@ -556,14 +560,18 @@ class RankBasedReplayBuffer(_Buffer):
         segments: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._sort_every = None if sort_every is None else check_int("sort_every", sort_every, minimum=1)
+        self._sort_every = (
+            None if sort_every is None else check_int("sort_every", sort_every, minimum=1)
+        )
         if not isinstance(segments, bool | np.bool_):
             raise TypeError(f"`segments` must be a bool, got segments={show(segments)}")
         self._segments = bool(segments)
         super().__init__(capacity, fields, **kwargs)
 
     def _make_sampler(self, alpha: float) -> Sampler:
-        return RankSampler(self._capacity, alpha, sort_every=self._sort_every, segments=self._segments)
+        return RankSampler(
+            self._capacity, alpha, sort_every=self._sort_every, segments=self._segments
+        )
 
     def _sampler_settings(self) -> dict[str, Any]:
         return {"sort_every": self._sort_every, "segments": self._segments}

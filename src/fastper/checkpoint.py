@@ -63,13 +63,21 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
     for name, arr in arrays.items():
         a = np.ascontiguousarray(arr)
         table.append(
-            {"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset, "nbytes": a.nbytes}
+            {
+                "name": name,
+                "dtype": a.dtype.str,
+                "shape": list(a.shape),
+                "offset": offset,
+                "nbytes": a.nbytes,
+            }
         )
         offset += a.nbytes
         blobs.append(a)
     header = json.dumps({**meta, "arrays": table}, sort_keys=True, allow_nan=False).encode("utf-8")
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".fpk.tmp", dir=target.parent or ".")
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".fpk.tmp", dir=target.parent or "."
+    )
     try:
         with os.fdopen(fd, "wb") as f:
             whole = hashlib.sha256()
@@ -79,7 +87,7 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
                 f.write(chunk)
                 whole.update(chunk)
             for a in blobs:
-                view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+                view = memoryview(a.reshape(-1).view(np.uint8).data) if a.size else memoryview(b"")
                 f.write(view)
                 whole.update(view)
             f.write(whole.digest())
@@ -110,7 +118,9 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
 def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str, Any], int]:
     raw = f.read(_PREFIX.size)
     if len(raw) < _PREFIX.size:
-        raise CheckpointError(f"{path}: not a fastper checkpoint (file too short: {file_size} bytes)")
+        raise CheckpointError(
+            f"{path}: not a fastper checkpoint (file too short: {file_size} bytes)"
+        )
     magic, version, hlen = _PREFIX.unpack(raw)
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a fastper checkpoint (bad magic bytes {magic!r})")
@@ -148,7 +158,9 @@ def _verify_digest(f: BinaryIO, file_size: int, path: PathLike) -> None:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint (checksum mismatch)")
 
 
-def _array_table(meta: Mapping[str, Any], blob_size: int, path: PathLike) -> dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]]:
+def _array_table(
+    meta: Mapping[str, Any], blob_size: int, path: PathLike
+) -> dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]]:
     out: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
     end = 0
     for entry in meta["arrays"]:
@@ -168,7 +180,9 @@ def _array_table(meta: Mapping[str, Any], blob_size: int, path: PathLike) -> dic
         end = offset + nbytes
         out[name] = (dt, shape, offset, nbytes)
     if end != blob_size:
-        raise CheckpointError(f"{path}: data section size {blob_size} does not match the array table")
+        raise CheckpointError(
+            f"{path}: data section size {blob_size} does not match the array table"
+        )
     return out
 
 
@@ -203,7 +217,7 @@ def read_file(path: PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         for name, (dt, shape, offset, nbytes) in table.items():
             arr = np.empty(shape, dtype=dt)
             f.seek(data_start + offset)
-            if nbytes and f.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != nbytes:
+            if nbytes and f.readinto(arr.reshape(-1).view(np.uint8).data) != nbytes:
                 raise CheckpointError(f"{path}: truncated checkpoint while reading `{name}`")
             arrays[name] = arr
     return meta, arrays
@@ -238,9 +252,9 @@ def save_buffer(buffer: Any, path: PathLike) -> None:
             "n_step": 1 if nstep is None else nstep.n,
             "gamma": b._gamma,
             "seed": b._seed,
-            "nstep_keys": None if nstep is None else {
-                k: v for k, v in nstep.settings().items() if k.endswith("_key")
-            },
+            "nstep_keys": None
+            if nstep is None
+            else {k: v for k, v in nstep.settings().items() if k.endswith("_key")},
             **b._sampler_settings(),
         },
         "alpha_schedule": _sched.to_dict(b._alpha_schedule),
@@ -348,12 +362,23 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     for name, field in buf._storage.fields.items():
         a = arrays[f"data/{name}"]
         if a.dtype != field.dtype or a.shape != (n, *field.shape):
-            raise CheckpointError(f"array data/{name} has {a.dtype}{a.shape}, expected {field.dtype}{(n, *field.shape)}")
+            raise CheckpointError(
+                f"array data/{name} has {a.dtype}{a.shape}, expected {field.dtype}{(n, *field.shape)}"
+            )
     keys = arrays["keys"]
-    if keys.shape != (n,) or keys.dtype.kind not in "iu" or (n and (keys.min() < 0 or keys.max() >= added)):
+    if (
+        keys.shape != (n,)
+        or keys.dtype.kind not in "iu"
+        or (n and (keys.min() < 0 or keys.max() >= added))
+    ):
         raise CheckpointError("checkpoint keys are inconsistent with the insertion counter")
     prio = arrays["sampler/priorities"]
-    if prio.shape != (n,) or prio.dtype != np.float64 or not np.isfinite(prio).all() or (n and prio.min() < 0):
+    if (
+        prio.shape != (n,)
+        or prio.dtype != np.float64
+        or not np.isfinite(prio).all()
+        or (n and prio.min() < 0)
+    ):
         raise CheckpointError("checkpoint priorities must be finite, >= 0 and one per stored slot")
     max_p = float(st["max_priority"])
     if not (math.isfinite(max_p) and max_p >= 1.0 and (n == 0 or max_p >= prio.max())):

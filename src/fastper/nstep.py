@@ -128,7 +128,9 @@ class NStepWriter:
         ret = np.zeros(emit, dtype=np.float64)
         for j in range(self.n):  # loop over the window, vectorised over transitions
             take = j < m
-            ret += np.where(take, self.gamma**j * rewards[np.minimum(pos[:emit] + j, length - 1)], 0.0)
+            ret += np.where(
+                take, self.gamma**j * rewards[np.minimum(pos[:emit] + j, length - 1)], 0.0
+            )
         out = {name: arr[:emit].copy() for name, arr in seq.items()}
         out[self.reward_key] = ret.astype(self.fields[self.reward_key].dtype)
         out[self.next_obs_key] = seq[self.next_obs_key][last]
@@ -144,7 +146,8 @@ class NStepWriter:
     def _flag(seq: Mapping[str, np.ndarray], key: str | None, length: int) -> np.ndarray:
         if key is None:
             return np.zeros(length, dtype=bool)
-        return np.asarray(seq[key]).reshape(length, -1).any(axis=1) if seq[key].ndim > 1 else seq[key] != 0
+        flag = np.asarray(seq[key]).reshape(length, -1) != 0
+        return np.asarray(flag.any(axis=1))
 
     def clear(self) -> None:
         self.pending = self._empty()

@@ -29,7 +29,9 @@ from .trees import _leaf_count
 NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
 
 
-def _normalised_weights(prob: np.ndarray, pmin: float, n: int, beta: float, norm: int) -> np.ndarray:
+def _normalised_weights(
+    prob: np.ndarray, pmin: float, n: int, beta: float, norm: int
+) -> np.ndarray:
     if norm == 0:
         return np.power(prob / pmin, -beta)
     if norm == 1:
@@ -126,7 +128,9 @@ class ProportionalSampler(Sampler):
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
-        _tk.prop_sample(self.stree, self.mtree, self.size, u, stratified, beta, n, norm, idx, prob, w)
+        _tk.prop_sample(
+            self.stree, self.mtree, self.size, u, stratified, beta, n, norm, idx, prob, w
+        )
         return idx, prob, w
 
     def clear(self) -> None:
@@ -238,7 +242,9 @@ class RankSampler(Sampler):
                 scaled = u * b
                 seg = np.minimum(scaled.astype(np.int64), b - 1)
                 frac = scaled - seg
-            ranks = bounds[seg] + np.minimum((frac * lengths[seg]).astype(np.int64), lengths[seg] - 1)
+            ranks = bounds[seg] + np.minimum(
+                (frac * lengths[seg]).astype(np.int64), lengths[seg] - 1
+            )
             prob = 1.0 / (b * lengths[seg].astype(np.float64))
             pmin = 1.0 / (b * float(lengths.max()))
         else:

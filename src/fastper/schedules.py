@@ -98,8 +98,13 @@ class Piecewise(Schedule):
     kind = "piecewise"
 
     def __init__(self, points: Sequence[Sequence[float]]) -> None:
-        pts = tuple((check_int("step", int(s) if float(s).is_integer() else s, minimum=0),
-                     check_real("value", v)) for s, v in points)
+        pts = tuple(
+            (
+                check_int("step", int(s) if float(s).is_integer() else s, minimum=0),
+                check_real("value", v),
+            )
+            for s, v in points
+        )
         if not pts:
             raise ValueError("`points` must not be empty, got points=[]")
         steps = [s for s, _ in pts]

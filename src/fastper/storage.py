@@ -37,6 +37,8 @@ FieldLike = Field | tuple[Any, Any] | Mapping[str, Any] | Any
 
 
 def _as_field(name: str, spec: FieldLike) -> Field:
+    shape: Any
+    dtype: Any
     if isinstance(spec, Field):
         shape, dtype = spec.shape, spec.dtype
     elif isinstance(spec, Mapping):
@@ -55,24 +57,28 @@ def _as_field(name: str, spec: FieldLike) -> Field:
     try:
         shape_t = tuple(int(s) for s in shape)
     except TypeError:
-        raise TypeError(f"field `{name}` shape must be a tuple of ints, got {show(shape)}") from None
+        raise TypeError(
+            f"field `{name}` shape must be a tuple of ints, got {show(shape)}"
+        ) from None
     if any(s < 0 for s in shape_t):
         raise ValueError(f"field `{name}` shape must be non-negative, got shape={shape_t}")
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"field `{name}` dtype must be a numpy dtype, got dtype={show(dtype)}") from None
-    if dt.kind not in "biuf" or dt.hasobject:
         raise TypeError(
-            f"field `{name}` dtype must be bool, integer or floating, got dtype={dt}"
-        )
+            f"field `{name}` dtype must be a numpy dtype, got dtype={show(dtype)}"
+        ) from None
+    if dt.kind not in "biuf" or dt.hasobject:
+        raise TypeError(f"field `{name}` dtype must be bool, integer or floating, got dtype={dt}")
     return Field(shape_t, dt)
 
 
 def make_fields(fields: Mapping[str, FieldLike]) -> dict[str, Field]:
     """Normalise a field spec ``{name: (shape, dtype) | Field | {...}}``."""
     if not isinstance(fields, Mapping) or not fields:
-        raise ValueError(f"`fields` must be a non-empty mapping name -> (shape, dtype), got {show(fields)}")
+        raise ValueError(
+            f"`fields` must be a non-empty mapping name -> (shape, dtype), got {show(fields)}"
+        )
     out: dict[str, Field] = {}
     for name, spec in fields.items():
         if not isinstance(name, str) or not name:
@@ -82,7 +88,9 @@ def make_fields(fields: Mapping[str, FieldLike]) -> dict[str, Field]:
 
 
 def fields_from_dict(raw: Mapping[str, Any]) -> dict[str, Field]:
-    return make_fields({k: {"shape": tuple(v["shape"]), "dtype": v["dtype"]} for k, v in raw.items()})
+    return make_fields(
+        {k: {"shape": tuple(v["shape"]), "dtype": v["dtype"]} for k, v in raw.items()}
+    )
 
 
 def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -150,7 +158,9 @@ def coerce_batch(
     for name, field in fields.items():
         arr = to_numpy(transition[name])
         if arr.dtype == object:
-            raise FieldTypeError(f"field `{name}` must hold numbers, got an object array {show(arr)}")
+            raise FieldTypeError(
+                f"field `{name}` must hold numbers, got an object array {show(arr)}"
+            )
         if arr.shape == field.shape:
             lengths[name] = None
             arr = arr.reshape((1, *field.shape))
@@ -194,7 +204,8 @@ class Storage:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields = make_fields(fields)
         self.columns: dict[str, np.ndarray] = {
-            name: np.zeros((self.capacity, *f.shape), dtype=f.dtype) for name, f in self.fields.items()
+            name: np.zeros((self.capacity, *f.shape), dtype=f.dtype)
+            for name, f in self.fields.items()
         }
         self.cursor = 0
         self.size = 0

@@ -118,7 +118,7 @@ class SumTree(_Tree):
             )
         out = np.empty(t.shape[0], dtype=np.int64)
         _k.sum_find(self._tree, self._size, t, out)
-        return out[0] if scalar else out  # type: ignore[no-any-return]
+        return out[0] if scalar else out
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
