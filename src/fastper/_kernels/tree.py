@@ -93,9 +93,36 @@ def _descend(tree, size, target):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def descend_batch(tree, size, targets, out):  # pragma: no cover - compiled
+    """:func:`_descend` for many targets, one tree level at a time.
+
+    Walking all targets down together keeps many independent memory loads in
+    flight (the lower levels of a large tree miss the cache), where one walk
+    after another would wait for each miss in turn. Same result as calling
+    :func:`_descend` per target.
+    """
+    b = targets.shape[0]
+    t = targets.copy()
+    for k in range(b):
+        out[k] = 1
+    width = 1
+    while width < size:
+        for k in range(b):
+            pos = out[k]
+            left = tree[2 * pos]
+            if left > 0.0 and (t[k] < left or tree[2 * pos + 1] <= 0.0):
+                out[k] = 2 * pos
+            else:
+                t[k] -= left
+                out[k] = 2 * pos + 1
+        width *= 2
+    for k in range(b):
+        out[k] -= size
+
+
+@njit(cache=True, nogil=True)
 def sum_find(tree, size, targets, out):  # pragma: no cover - compiled
-    for k in range(targets.shape[0]):
-        out[k] = _descend(tree, size, targets[k])
+    descend_batch(tree, size, targets, out)
 
 
 # ---------------------------------------------------------------------------
@@ -165,16 +192,17 @@ def prop_sample(
     """
     total = stree[1]
     b = u.shape[0]
+    targets = np.empty(b)
+    for k in range(b):
+        if stratified:
+            targets[k] = (k + u[k]) * total / b
+        else:
+            targets[k] = u[k] * total
+    descend_batch(stree, size, targets, out_idx)
     # out_prob holds raw leaves until the weights are done: ratios of leaves
     # are exact where ratios of probabilities would round twice.
     for k in range(b):
-        if stratified:
-            t = (k + u[k]) * total / b
-        else:
-            t = u[k] * total
-        i = _descend(stree, size, t)
-        out_idx[k] = i
-        out_prob[k] = stree[size + i]
+        out_prob[k] = stree[size + out_idx[k]]
     if norm_mode == 0:
         lmin = mtree[1]
         for k in range(b):
