@@ -115,6 +115,8 @@ def as_value_array(name: str, values: Any, length: int, *, nonnegative: bool = T
         raise ValueError(
             f"`{name}` must be finite, got non-finite {name}={show(out[~finite][:_MAX_SHOW])}"
         )
+    if nonnegative:
+        out += 0.0  # -0.0 -> +0.0: stored leaves never carry a negative sign
     if nonnegative and out.size and out.min() < 0:
         raise ValueError(
             f"`{name}` must be >= 0, got negative {name}={show(out[out < 0][:_MAX_SHOW])}"

@@ -259,6 +259,8 @@ class _Buffer:
 
     def _apply_alpha(self, alpha: float) -> None:
         if alpha != self._sampler.alpha:
+            self._sampler.check_priorities("priorities", self._sampler.raw[: len(self)], alpha)
+            self._sampler.check_priorities("max_priority", np.asarray([self._max_priority]), alpha)
             self._sampler.set_alpha(alpha, len(self))
 
     @_locked
@@ -325,6 +327,7 @@ class _Buffer:
         if priorities is not None:
             arr = to_numpy(priorities)
             p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
+            self._sampler.check_priorities("priorities", p)
         return self._write(prepared, k, p)
 
     def _write(
@@ -405,6 +408,7 @@ class _Buffer:
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
         td = as_value_array("td_errors", td_errors, idx.shape[0], nonnegative=False)
         p = self._priority_from_td(td)
+        self._sampler.check_priorities("td_errors", p)
         if keys is not None:
             key_arr = to_numpy(keys)
             if key_arr.ndim == 0:

@@ -327,6 +327,27 @@ def _schedule(saved: dict[str, Any], given: Any, name: str) -> Any:
     return _sched.from_dict(saved)
 
 
+def _check_size(meta: dict[str, Any]) -> None:
+    """Refuse a header whose buffer could not fit in this machine's memory.
+
+    The arrays in the file only cover the stored slots; the capacity is taken
+    from the header, so a forged header could otherwise ask for terabytes.
+    """
+    capacity = int(meta["capacity"])
+    per_slot = 64  # keys, raw priorities and two trees, generously
+    for _, spec in meta["fields"]:
+        per_slot += math.prod(int(x) for x in spec["shape"]) * np.dtype(str(spec["dtype"])).itemsize
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        physical = 1 << 40
+    if capacity < 1 or capacity * per_slot > physical:
+        raise CheckpointError(
+            f"checkpoint declares capacity={capacity} ({capacity * per_slot / 2**30:.1f} GiB), "
+            f"more than this machine's memory ({physical / 2**30:.1f} GiB)"
+        )
+
+
 def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, beta: Any) -> Any:
     from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
 
@@ -334,6 +355,7 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     kind = meta.get("buffer")
     if kind not in classes:
         raise CheckpointError(f"unknown buffer kind {kind!r} in checkpoint")
+    _check_size(meta)
     s = dict(meta["settings"])
     extra = {}
     if kind == "rank":

@@ -17,6 +17,7 @@ largest weight in the whole buffer, 1: the largest in the batch, 2: nothing.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,6 +58,9 @@ class Sampler:
 
     def check_sampleable(self, n: int) -> None:
         """Raise if nothing can be drawn (only proportional can refuse)."""
+
+    def check_priorities(self, name: str, p: np.ndarray, alpha: float | None = None) -> None:
+        """Raise if priorities ``p`` (under ``alpha``) could overflow the index."""
 
     def sample(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
@@ -113,6 +117,16 @@ class ProportionalSampler(Sampler):
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
         _tk.prop_rebuild(self.raw, n, self.stree, self.mtree, self.size, self.alpha)
+
+    def check_priorities(self, name: str, p: np.ndarray, alpha: float | None = None) -> None:
+        a = self.alpha if alpha is None else alpha
+        limit = float(np.finfo(np.float64).max / (2 * self.size))
+        pmax = float(p.max()) if p.size else 0.0
+        if pmax > 0.0 and a * math.log(pmax) > math.log(limit):
+            raise ValueError(
+                f"`{name}` must keep p**alpha <= {limit:.3e} so the sum tree stays finite, "
+                f"got max {name}={float(p.max())!r} with alpha={a!r}"
+            )
 
     def check_sampleable(self, n: int) -> None:
         if not self.stree[1] > 0.0:

@@ -41,9 +41,19 @@ class _Tree:
     def __len__(self) -> int:
         return self._capacity
 
+    @property
+    def max_value(self) -> float:
+        """Largest storable value: keeps any sum of all leaves finite."""
+        return float(np.finfo(np.float64).max / (2 * self._size))
+
     def _checked(self, indices: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
         idx = as_index_array("indices", indices, self._capacity)
         vals = as_value_array("values", values, idx.shape[0])
+        if vals.size and vals.max() > self.max_value:
+            raise ValueError(
+                f"`values` must be <= {self.max_value:.3e} (so the total stays finite), "
+                f"got values={show(vals[vals > self.max_value][:8])}"
+            )
         return idx, vals
 
     def get(self, indices: Any) -> np.ndarray:
@@ -107,6 +117,10 @@ class SumTree(_Tree):
                 outside ``[0, total]``.
         """
         arr = to_numpy(targets)
+        if arr.ndim > 1:
+            raise ValueError(
+                f"`targets` must be a scalar or 1-D, got targets with shape {arr.shape}"
+            )
         scalar = arr.ndim == 0
         t = as_value_array("targets", arr.reshape(-1), arr.size, nonnegative=True)
         total = self.total

@@ -150,10 +150,10 @@ def _bad_transitions() -> list[tuple[str, dict, str]]:
     cases.append(("missing", missing, r"missing fields \['done'\]"))
     cases.append(("unknown", {**good, "extra": np.zeros(2)}, r"unknown fields \['extra'\]"))
     cases.append(("wrong-shape", {**good, "obs": np.zeros((2, 3))}, "field `obs` must have shape"))
-    cases.append(("wrong-rank", {**good, "obs": np.zeros((2, 2, 4))}, "field `obs` must have shape"))
     cases.append(
-        ("mismatched-len", {**good, "reward": np.zeros(3)}, "batches of one length")
+        ("wrong-rank", {**good, "obs": np.zeros((2, 2, 4))}, "field `obs` must have shape")
     )
+    cases.append(("mismatched-len", {**good, "reward": np.zeros(3)}, "batches of one length"))
     mixed = {**good, "reward": np.float32(1.0)}
     cases.append(("single-vs-batch", mixed, "one transition or batches"))
     cases.append(("empty", make_batch(0), "must not be empty"))
