@@ -118,13 +118,19 @@ def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
         if src.kind != "b" and arr.size and not np.can_cast(src, dtype, casting="safe"):
             info = np.iinfo(dtype)
             lo, hi = arr.min(), arr.max()
-            if lo < info.min or hi > info.max:
+            if src.kind == "f":
+                # float(info.max) rounds up (2**63 - 1 -> 2**63): compare against max + 1
+                bad = float(lo) < float(info.min) or float(hi) >= float(info.max) + 1.0
+            else:
+                bad = int(lo) < int(info.min) or int(hi) > int(info.max)
+            if bad:
                 raise FieldTypeError(
                     f"field `{name}` is {dtype}; values in [{lo}, {hi}] overflow [{info.min}, {info.max}]"
                 )
         return arr.astype(dtype)
     # floating target: ints and bools always fit (possibly rounded); floats must not overflow
-    out = arr.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+        out = arr.astype(dtype)
     if src.kind == "f" and dtype.itemsize < src.itemsize and arr.size:
         overflow = np.isfinite(arr) & ~np.isfinite(out)
         if overflow.any():

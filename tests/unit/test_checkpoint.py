@@ -174,8 +174,13 @@ def _build(meta: dict[str, Any], arrays: dict[str, np.ndarray], version: int = 1
     for name, arr in arrays.items():
         a = np.ascontiguousarray(arr)
         table.append(
-            {"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
-             "offset": offset, "nbytes": a.nbytes}
+            {
+                "name": name,
+                "dtype": a.dtype.str,
+                "shape": list(a.shape),
+                "offset": offset,
+                "nbytes": a.nbytes,
+            }
         )
         offset += a.nbytes
         blobs.append(a.tobytes())
@@ -226,7 +231,10 @@ def test_round_trip_state_and_continuation(name, tmp_path):
     assert_same_state(_state(original), _state(loaded))
     assert _settings(loaded) == _settings(original)
     assert (len(loaded), loaded.total_added, loaded.stale_updates, loaded.n_pending) == (
-        len(original), original.total_added, original.stale_updates, original.n_pending
+        len(original),
+        original.total_added,
+        original.stale_updates,
+        original.n_pending,
     )
     assert original.stale_updates > 0
     _lockstep(original, loaded, rounds=10)
@@ -507,11 +515,12 @@ CRAFTED_TABLE = {
     "dtype-string-python-syntax-error": _set_entry("data/done", dtype="(3,"),
     "schedule-not-an-object": lambda h: h.update(alpha_schedule=[0.6]),
     "capacity-non-finite": lambda h: h.update(capacity=float("inf")),
+    "capacity-huge": lambda h: h.update(capacity=10**12),
+    "capacity-zero": lambda h: h.update(capacity=0),
     "unknown-buffer-kind": lambda h: h.update(buffer="fancy"),
     "size-over-capacity": lambda h: h["state"].update(size=7),
     "cursor-out-of-range": lambda h: h["state"].update(cursor=6),
     "added-below-size": lambda h: h["state"].update(total_added=3),
-    "keys-beyond-counter": lambda h: h["state"].update(total_added=4, size=5),
     "max-priority-below-one": lambda h: h["state"].update(max_priority=0.5),
     "unknown-setting": lambda h: h["settings"].update(turbo=True),
     "bad-weight-norm": lambda h: h["settings"].update(weight_norm="max"),
@@ -526,6 +535,9 @@ CRAFTED_TABLE = {
 
 @pytest.mark.parametrize("case", list(CRAFTED_TABLE))
 def test_crafted_header_is_rejected(case, small_ckpt, tmp_path):
+    ok = tmp_path / "ok.fpk"
+    ok.write_bytes(_mutated_header(small_ckpt, lambda h: None))
+    assert len(fastper.load(ok)) == 5  # re-framing alone is fine: the mutation is the defect
     bad = tmp_path / "crafted.fpk"
     bad.write_bytes(_mutated_header(small_ckpt, CRAFTED_TABLE[case]))
     tracemalloc.start()
@@ -568,6 +580,7 @@ CRAFTED_ARRAYS = {
     "extra-array": lambda m, a: a.update({"data/extra": np.zeros(8)}),
     "data-wrong-dtype": lambda m, a: a.update({"data/action": a["data/action"].astype(np.int32)}),
     "keys-negative": lambda m, a: a.update({"keys": a["keys"] - 100}),
+    "keys-beyond-counter": lambda m, a: a.update({"keys": a["keys"] + 100}),
     "order-out-of-range": lambda m, a: a.update({"sampler/order": a["sampler/order"] + 5}),
     "order-repeats-a-slot": lambda m, a: a.update({"sampler/order": np.zeros(8, np.int64)}),
     # an order that covers only half the slots, with nothing marked changed
@@ -681,7 +694,8 @@ FAILURES = {
     "interrupted-at-fsync": (_fail_attr(os, "fsync", KeyboardInterrupt()), KeyboardInterrupt),
     "rename-fails": (_fail_attr(os, "replace", OSError(errno.EXDEV, "cross-device")), OSError),
     "array-conversion-fails": (
-        _fail_attr(np, "ascontiguousarray", MemoryError("boom")), MemoryError
+        _fail_attr(np, "ascontiguousarray", MemoryError("boom")),
+        MemoryError,
     ),
 }
 
@@ -691,30 +705,34 @@ def test_failed_save_keeps_previous_checkpoint(failure, tmp_path, monkeypatch):
     install, exc_type = FAILURES[failure]
     buf = fastper.PrioritizedReplayBuffer(64, CARTPOLE_FIELDS, seed=0)
     buf.add(make_batch(10))
-    path = tmp_path / "ckpt.fpk"
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "ckpt.fpk"
     buf.save(path)
     previous = path.read_bytes()
     state_then = _state(buf)
     buf.add(make_batch(40, 10))
     buf.sample(8)
-    assert len(previous) > 2500 + 200  # the data-section failure really is mid-way
+    buf.save(tmp_path / "probe.fpk")
+    _, data, data_start = _split((tmp_path / "probe.fpk").read_bytes())
+    assert data_start < 2500 < data_start + len(data)  # "in-data" really fails mid-data
     with monkeypatch.context() as mp:
         install(mp)
         with pytest.raises(exc_type):
             buf.save(path)
     assert path.read_bytes() == previous
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.fpk"]  # no temporary left
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt.fpk"]  # no temporary left
     assert_same_state(state_then, _state(fastper.load(path)))
     # a failed save into a fresh name leaves nothing behind either
     with monkeypatch.context() as mp:
         install(mp)
         with pytest.raises(exc_type):
-            buf.save(tmp_path / "fresh.fpk")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.fpk"]
-    # and the buffer itself is untouched by the failures: a later save works
+            buf.save(work / "fresh.fpk")
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt.fpk"]
+    # the buffer itself is untouched by the failures: a later save works
     buf.save(path)
-    assert len(fastper.load(path)) == 50
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.fpk"]
+    assert path.read_bytes() == (tmp_path / "probe.fpk").read_bytes()
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt.fpk"]
 
 
 def test_successful_save_replaces_atomically(tmp_path):

@@ -131,20 +131,11 @@ def sum_find(tree, size, targets, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def pow_alpha(p, alpha, out):  # pragma: no cover - compiled
-    """``out = p ** alpha``; the one place leaves are made from priorities.
-
-    Using a single compiled function for every update and every rebuild keeps
-    leaves bit-identical however they were produced (numpy's vectorised pow
-    may round differently from the scalar libm call).
-    """
-    for k in range(p.shape[0]):
-        out[k] = p[k] ** alpha
-
-
-@njit(cache=True, nogil=True)
 def prop_set(raw, stree, mtree, size, indices, p, alpha):  # pragma: no cover - compiled
     """Write raw priorities and both trees; sequential, last duplicate wins.
+
+    Leaves are ``p ** alpha`` computed here and in :func:`prop_rebuild` by the
+    same scalar pow, so a rebuilt tree is bit-identical to an updated one.
 
     The min tree holds ``+inf`` for zero leaves: a zero-priority slot is never
     sampled, so it must not define the largest importance weight either.
@@ -152,7 +143,7 @@ def prop_set(raw, stree, mtree, size, indices, p, alpha):  # pragma: no cover - 
     for k in range(indices.shape[0]):
         i = indices[k]
         raw[i] = p[k]
-        leaf = p[k] ** alpha
+        leaf = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
         pos = size + i
         stree[pos] = leaf
         mtree[pos] = leaf if leaf > 0.0 else np.inf
@@ -169,7 +160,7 @@ def prop_set(raw, stree, mtree, size, indices, p, alpha):  # pragma: no cover - 
 def prop_rebuild(raw, n, stree, mtree, size, alpha):  # pragma: no cover - compiled
     """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
     for i in range(n):
-        leaf = raw[i] ** alpha
+        leaf = raw[i] ** alpha if raw[i] > 0.0 else 0.0
         stree[size + i] = leaf
         mtree[size + i] = leaf if leaf > 0.0 else np.inf
     for pos in range(size - 1, 0, -1):
