@@ -37,6 +37,7 @@ import numpy as np
 
 from . import __version__
 from . import schedules as _sched
+from ._validation import check_int, check_real
 from .errors import CheckpointError, ScheduleNotSerializableError
 
 MAGIC = b"\x89FPCKPT\n"
@@ -115,6 +116,10 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
 # ---------------------------------------------------------------------------
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} in header")
+
+
 def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str, Any], int]:
     raw = f.read(_PREFIX.size)
     if len(raw) < _PREFIX.size:
@@ -136,9 +141,9 @@ def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str,
     if hashlib.sha256(raw + header).digest() != hdigest:
         raise CheckpointError(f"{path}: corrupt checkpoint (header checksum mismatch)")
     try:
-        meta = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # pragma: no cover - digest guards
-        raise CheckpointError(f"{path}: corrupt checkpoint header: {exc}") from None
+        meta = json.loads(header.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: malformed checkpoint header: {exc}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), list):
         raise CheckpointError(f"{path}: malformed checkpoint header")
     return meta, data_start
@@ -169,8 +174,8 @@ def _array_table(
             dt = np.dtype(str(entry["dtype"]))
             shape = tuple(int(s) for s in entry["shape"])
             offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: malformed array entry {entry!r}: {exc}") from None
+        except (KeyError, TypeError, ValueError, OverflowError, SyntaxError) as exc:
+            raise CheckpointError(f"{path}: malformed array entry {str(entry)[:200]}: {exc}") from None
         if dt.kind not in _DTYPE_KINDS or dt.hasobject or dt.fields is not None:
             raise CheckpointError(f"{path}: array `{name}` has a forbidden dtype {dt}")
         if any(s < 0 for s in shape) or nbytes != math.prod(shape) * dt.itemsize:
@@ -312,7 +317,16 @@ def load(
         return _restore(meta, arrays, alpha, beta)
     except (ScheduleNotSerializableError, CheckpointError):
         raise
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        SyntaxError,
+        RecursionError,
+    ) as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
 
 
@@ -421,9 +435,9 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     buf._keys[:n] = keys
     buf._added = added
     buf._max_priority = max_p
-    buf._stale_updates = int(st["stale_updates"])
-    buf._step = int(st["step"])
-    buf._sampler.alpha = float(st["alpha"])
+    buf._stale_updates = check_int("stale_updates", st["stale_updates"], minimum=0)
+    buf._step = check_int("step", st["step"], minimum=0)
+    buf._sampler.alpha = check_real("alpha", st["alpha"], minimum=0.0)
     sampler_arrays = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("sampler/")}
     buf._sampler.load_state(sampler_arrays, st["sampler"], n)
     if buf._nstep is not None:

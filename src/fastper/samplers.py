@@ -297,10 +297,20 @@ class RankSampler(Sampler):
             raise ValueError("rank order holds slots outside the stored range")
         if np.unique(order).shape[0] != order.shape[0]:
             raise ValueError("rank order repeats a slot")
+        if changed.shape != (n,) or changed.dtype != np.bool_:
+            raise ValueError("rank change mask must be one bool per stored slot")
+        covered = changed.copy()
+        covered[order] = True
+        if not covered.all():
+            raise ValueError("rank order misses stored slots that are not marked changed")
         self.raw[:n] = arrays["priorities"]
         self.order[: order.shape[0]] = order
         self.m = int(order.shape[0])
         self.changed[:n] = changed
-        self.n_changed = int(meta["n_changed"])
+        marked = int(np.count_nonzero(changed))
+        n_changed = int(meta["n_changed"])
+        if n_changed < marked or (n_changed == 0) != (marked == 0):
+            raise ValueError(f"rank change count {n_changed} disagrees with {marked} marked slots")
+        self.n_changed = n_changed
         self.samples_since_sort = int(meta["samples_since_sort"])
         self.set_alpha(self.alpha, n)
