@@ -175,7 +175,9 @@ def _array_table(
             shape = tuple(int(s) for s in entry["shape"])
             offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
         except (KeyError, TypeError, ValueError, OverflowError, SyntaxError) as exc:
-            raise CheckpointError(f"{path}: malformed array entry {str(entry)[:200]}: {exc}") from None
+            raise CheckpointError(
+                f"{path}: malformed array entry {str(entry)[:200]}: {exc}"
+            ) from None
         if dt.kind not in _DTYPE_KINDS or dt.hasobject or dt.fields is not None:
             raise CheckpointError(f"{path}: array `{name}` has a forbidden dtype {dt}")
         if any(s < 0 for s in shape) or nbytes != math.prod(shape) * dt.itemsize:
