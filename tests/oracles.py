@@ -43,7 +43,7 @@ def snapshot(buffer: Any) -> dict[str, Any]:
         state[f"data/{name}"] = col.copy()
     state["size"] = buffer._storage.size
     state["cursor"] = buffer._storage.cursor
-    state["keys"] = buffer._keys.copy()
+    state["key_base"] = buffer._key_base
     state["added"] = buffer._added
     state["max_priority"] = buffer._max_priority
     state["stale"] = buffer._stale_updates
@@ -51,6 +51,8 @@ def snapshot(buffer: Any) -> dict[str, Any]:
     state["rng"] = copy.deepcopy(buffer._rng.bit_generator.state)
     state["alpha"] = buffer._sampler.alpha
     for name, value in vars(buffer._sampler).items():
+        if name.startswith("_"):  # scratch space and caches, not state
+            continue
         if isinstance(value, np.ndarray):
             state[f"sampler/{name}"] = value.copy()
         elif isinstance(value, int | float | bool) or value is None:

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from . import schedules as _sched
+from ._kernels import tree as _tk
 from ._validation import (
     as_index_array,
     as_value_array,
@@ -100,6 +101,23 @@ class SampleBatch:
         return out
 
 
+_NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
+    """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later."""
+    arr = to_numpy(value)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
+    if arr.dtype.kind not in kinds and arr.size:
+        what = "integers" if kinds == "iu" else "real numbers"
+        raise TypeError(f"`{name}` must hold {what}, got {name} with dtype {arr.dtype}")
+    dtype = np.int64 if kinds == "iu" else np.float64
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
 class _Buffer:
     """Shared machinery; use one of the three public buffers."""
 
@@ -127,6 +145,7 @@ class _Buffer:
         input_fields = make_fields(fields)
         self._eps = check_real("eps", eps, minimum=0.0)
         self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
+        self._clip_value = np.inf if self._clip is None else self._clip
         if not isinstance(stratified, bool | np.bool_):
             raise TypeError(f"`stratified` must be a bool, got stratified={show(stratified)}")
         self._stratified = bool(stratified)
@@ -159,8 +178,8 @@ class _Buffer:
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self._storage = Storage(stored, self._capacity)
         self._sampler = self._make_sampler(alpha0)
-        self._keys = np.full(self._capacity, -1, dtype=np.int64)
-        self._added = 0  # transitions ever written = next key
+        self._added = 0  # transitions ever written = the next transition's key
+        self._key_base = 0  # _added at the last clear: slot = (key - base) % capacity
         self._max_priority = 1.0
         self._stale_updates = 0
         self._lock = threading.RLock()
@@ -233,7 +252,12 @@ class _Buffer:
     def keys(self, indices: Any) -> np.ndarray:
         """Key (insertion counter) of the current occupant of each slot. O(B)."""
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._keys[idx].copy()
+        return self._keys_of(idx)
+
+    def _keys_of(self, idx: np.ndarray) -> np.ndarray:
+        out = np.empty(idx.shape[0], dtype=np.int64)
+        _tk.slot_keys(idx, self._key_base, self._added, self._capacity, out)
+        return out
 
     @_locked
     def priorities(self, indices: Any) -> np.ndarray:
@@ -334,7 +358,6 @@ class _Buffer:
         self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
     ) -> np.ndarray:
         slots = self._storage.commit(prepared, k)
-        self._keys[slots] = np.arange(self._added, self._added + k, dtype=np.int64)
         self._added += k
         if p is None:
             p = np.full(k, self._max_priority)
@@ -384,7 +407,7 @@ class _Buffer:
             indices=idx,
             weights=w,
             probabilities=prob,
-            keys=self._keys[idx],
+            keys=self._keys_of(idx),
         )
         self._step += 1
         return batch
@@ -405,35 +428,48 @@ class _Buffer:
             InvalidIndexError: an index out of range or never written.
             ValueError: td errors not finite, lengths differ, bad keys.
         """
-        idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        td = as_value_array("td_errors", td_errors, idx.shape[0], nonnegative=False)
-        p = self._priority_from_td(td)
-        self._sampler.check_priorities("td_errors", p)
-        if keys is not None:
-            key_arr = to_numpy(keys)
-            if key_arr.ndim == 0:
-                key_arr = key_arr.reshape(1)
-            if key_arr.shape != idx.shape:
+        idx = _as_1d("indices", indices, "iu")
+        td = _as_1d("td_errors", td_errors, "iuf")
+        use_keys = keys is not None
+        key_arr = _as_1d("keys", keys, "iu") if use_keys else _NO_KEYS
+        for name, arr in (("td_errors", td), ("keys", key_arr if use_keys else idx)):
+            if arr.shape[0] != idx.shape[0]:
                 raise ValueError(
-                    f"`keys` must have one entry per index ({idx.shape[0]}), got shape {key_arr.shape}"
+                    f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
+                    f"got {name} with {arr.shape[0]}"
                 )
-            if key_arr.size and not np.issubdtype(key_arr.dtype, np.integer):
-                raise TypeError(f"`keys` must hold integers, got dtype {key_arr.dtype}")
-            key_arr = key_arr.astype(np.int64)
-            if key_arr.size and (key_arr.min() < 0 or key_arr.max() >= self._added):
-                raise ValueError(
-                    f"`keys` must be keys issued by this buffer, in [0, {self._added}), "
-                    f"got keys={show(key_arr)}"
-                )
-            fresh = self._keys[idx] == key_arr
-            n_stale = int(idx.shape[0] - np.count_nonzero(fresh))
-            if n_stale:
-                idx, p = idx[fresh], p[fresh]
-            self._stale_updates += n_stale
-        if idx.shape[0]:
-            self._sampler.write(idx, p)
-            self._max_priority = max(self._max_priority, float(p.max()))
-        return int(idx.shape[0])
+        b = idx.shape[0]
+        out_idx = np.empty(b, dtype=np.int64)
+        out_p = np.empty(b, dtype=np.float64)
+        status = np.zeros(4, dtype=np.int64)
+        pmax = _tk.td_priorities(
+            idx, td, key_arr, use_keys, self._eps, self._clip_value, self._sampler.alpha,
+            self._sampler.log_limit, len(self), self._key_base, self._added, self._capacity,
+            out_idx, out_p, status,
+        )  # fmt: skip
+        if status[0]:
+            self._raise_update_error(int(status[0]), idx, td, key_arr)
+        kept = int(status[2])
+        if kept:
+            self._sampler.write(out_idx[:kept], out_p[:kept])
+            self._max_priority = max(self._max_priority, float(pmax))
+        self._stale_updates += int(status[3])
+        return kept
+
+    def _raise_update_error(
+        self, code: int, idx: np.ndarray, td: np.ndarray, keys: np.ndarray
+    ) -> None:
+        """Turn a kernel's error code into the validators' message (slow path)."""
+        as_index_array("indices", idx, self._capacity, written=len(self))
+        as_value_array("td_errors", td, idx.shape[0], nonnegative=False)
+        self._sampler.check_priorities("td_errors", self._priority_from_td(td))
+        if code == 5:
+            bad = keys[(keys < 0) | (keys >= self._added)]
+            raise ValueError(
+                f"`keys` must be keys issued by this buffer, in [0, {self._added}), "
+                f"got keys={show(bad[:8])}"
+            )
+        raise ValueError(f"invalid priority update (code {code})")  # pragma: no cover
 
     # -- housekeeping ----------------------------------------------------------
     @_locked
@@ -445,16 +481,14 @@ class _Buffer:
         """
         self._storage.clear()
         self._sampler.clear()
-        self._keys[:] = -1
+        self._key_base = self._added
         if self._nstep is not None:
             self._nstep.clear()
 
     def nbytes(self) -> dict[str, int]:
         """Memory held: ``data`` (storage), ``index`` (priorities, trees, keys)."""
         data = sum(c.nbytes for c in self._storage.columns.values())
-        index = self._keys.nbytes + sum(
-            a.nbytes for a in vars(self._sampler).values() if isinstance(a, np.ndarray)
-        )
+        index = sum(a.nbytes for a in vars(self._sampler).values() if isinstance(a, np.ndarray))
         return {"data": int(data), "index": int(index)}
 
     def __repr__(self) -> str:
@@ -530,7 +564,7 @@ class PrioritizedReplayBuffer(_Buffer):
     def _probabilities(self, idx: np.ndarray) -> np.ndarray:
         s = self._sampler
         assert isinstance(s, ProportionalSampler)
-        return s.stree[s.size + idx] / s.stree[1]
+        return s.probabilities(idx)
 
 
 class RankBasedReplayBuffer(_Buffer):

@@ -270,6 +270,7 @@ def save_buffer(buffer: Any, path: PathLike) -> None:
             "size": n,
             "cursor": b._storage.cursor,
             "total_added": b._added,
+            "key_base": b._key_base,
             "max_priority": b._max_priority,
             "stale_updates": b._stale_updates,
             "step": b._step,
@@ -282,7 +283,6 @@ def save_buffer(buffer: Any, path: PathLike) -> None:
     arrays: dict[str, np.ndarray] = {}
     for name, col in b._storage.columns.items():
         arrays[f"data/{name}"] = col[:n]
-    arrays["keys"] = b._keys[:n]
     for name, arr in b._sampler.state_arrays(n).items():
         arrays[f"sampler/{name}"] = arr
     if nstep is not None:
@@ -389,9 +389,13 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     st = meta["state"]
     n, cap = int(st["size"]), buf.capacity
     cursor, added = int(st["cursor"]), int(st["total_added"])
-    if not (0 <= n <= cap and 0 <= cursor < cap and (n == cap or cursor == n) and added >= n):
-        raise CheckpointError(f"inconsistent ring state size={n} cursor={cursor} added={added}")
-    expected = {f"data/{k}" for k in buf._storage.fields} | {"keys"}
+    key_base = int(st["key_base"])
+    since_clear = added - key_base
+    if not (0 <= key_base <= added and n == min(since_clear, cap) and cursor == since_clear % cap):
+        raise CheckpointError(
+            f"inconsistent ring state size={n} cursor={cursor} added={added} key_base={key_base}"
+        )
+    expected = {f"data/{k}" for k in buf._storage.fields}
     expected |= {f"sampler/{k}" for k in buf._sampler.state_arrays(0)}
     if buf._nstep is not None:
         expected |= {f"nstep/{k}" for k in buf._nstep.fields}
@@ -403,13 +407,6 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
             raise CheckpointError(
                 f"array data/{name} has {a.dtype}{a.shape}, expected {field.dtype}{(n, *field.shape)}"
             )
-    keys = arrays["keys"]
-    if (
-        keys.shape != (n,)
-        or keys.dtype.kind not in "iu"
-        or (n and (keys.min() < 0 or keys.max() >= added))
-    ):
-        raise CheckpointError("checkpoint keys are inconsistent with the insertion counter")
     prio = arrays["sampler/priorities"]
     if (
         prio.shape != (n,)
@@ -434,8 +431,8 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     for name in buf._storage.fields:
         buf._storage.columns[name][:n] = arrays[f"data/{name}"]
     buf._storage.size, buf._storage.cursor = n, cursor
-    buf._keys[:n] = keys
     buf._added = added
+    buf._key_base = key_base
     buf._max_priority = max_p
     buf._stale_updates = check_int("stale_updates", st["stale_updates"], minimum=0)
     buf._step = check_int("step", st["step"], minimum=0)

@@ -25,7 +25,6 @@ import numpy as np
 from ._kernels import rank as _rk
 from ._kernels import tree as _tk
 from .errors import ZeroPriorityError
-from .trees import _leaf_count
 
 NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
 
@@ -45,13 +44,16 @@ class Sampler:
 
     kind: ClassVar[str] = ""
 
+    #: log of the largest allowed ``p ** alpha`` (only trees need a bound)
+    log_limit = math.inf
+
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
         self.raw = np.zeros(capacity, dtype=np.float64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
-        _tk.scatter_last_wins(self.raw, slots, p)
+        _tk.write_leaves(self.raw, slots, p)
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
@@ -101,35 +103,52 @@ class UniformSampler(Sampler):
 
 
 class ProportionalSampler(Sampler):
-    """P(i) = p_i^alpha / sum_k p_k^alpha, from a sum tree; weights from a min tree."""
+    """P(i) = p_i^alpha / sum_k p_k^alpha, from a sum tree; weights from a min tree.
+
+    The min tree shares the sum tree's leaves and only adds internal nodes
+    (about 1/7 of a float64 per slot); it skips zero leaves.
+    """
 
     kind = "proportional"
 
     def __init__(self, capacity: int, alpha: float) -> None:
         super().__init__(capacity, alpha)
-        self.size = _leaf_count(capacity)
-        self.stree = np.zeros(2 * self.size, dtype=np.float64)
-        self.mtree = np.full(2 * self.size, np.inf, dtype=np.float64)
+        n_leaves, self.offs, self.depth = _tk.layout(capacity)
+        self.leaves = np.zeros(n_leaves, dtype=np.float64)
+        self.sinner = np.zeros(int(self.offs[-1]), dtype=np.float64)
+        self.minner = np.full(int(self.offs[-1]), np.inf, dtype=np.float64)
+        self.log_limit = math.log(float(np.finfo(np.float64).max / (2 * n_leaves)))
+        self._scratch = np.empty(1024, dtype=np.int64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
-        _tk.prop_set(self.raw, self.stree, self.mtree, self.size, slots, p, self.alpha)
+        if self._scratch.shape[0] < slots.shape[0]:
+            self._scratch = np.empty(slots.shape[0], dtype=np.int64)
+        _tk.prop_write(
+            self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+            slots, p, self.alpha, self._scratch,
+        )  # fmt: skip
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
-        _tk.prop_rebuild(self.raw, n, self.stree, self.mtree, self.size, self.alpha)
+        _tk.prop_rebuild(
+            self.raw, n, self.leaves, self.sinner, self.minner, self.offs, self.depth, self.alpha
+        )
+
+    @property
+    def total(self) -> float:
+        return float(self.sinner[self.offs[self.depth]])
 
     def check_priorities(self, name: str, p: np.ndarray, alpha: float | None = None) -> None:
         a = self.alpha if alpha is None else alpha
-        limit = float(np.finfo(np.float64).max / (2 * self.size))
         pmax = float(p.max()) if p.size else 0.0
-        if pmax > 0.0 and a * math.log(pmax) > math.log(limit):
+        if pmax > 0.0 and a * math.log(pmax) > self.log_limit:
             raise ValueError(
-                f"`{name}` must keep p**alpha <= {limit:.3e} so the sum tree stays finite, "
-                f"got max {name}={float(p.max())!r} with alpha={a!r}"
+                f"`{name}` must keep p**alpha <= {math.exp(self.log_limit):.3e} so the sum tree "
+                f"stays finite, got max {name}={pmax!r} with alpha={a!r}"
             )
 
     def check_sampleable(self, n: int) -> None:
-        if not self.stree[1] > 0.0:
+        if not self.total > 0.0:
             raise ZeroPriorityError(
                 f"cannot sample: all {n} stored priorities are zero (raise `eps` above 0 "
                 "or update priorities)"
@@ -143,14 +162,19 @@ class ProportionalSampler(Sampler):
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
         _tk.prop_sample(
-            self.stree, self.mtree, self.size, u, stratified, beta, n, norm, idx, prob, w
-        )
+            self.leaves, self.sinner, self.minner, self.offs, self.depth,
+            u, stratified, beta, n, norm, idx, prob, w,
+        )  # fmt: skip
         return idx, prob, w
+
+    def probabilities(self, idx: np.ndarray) -> np.ndarray:
+        return self.leaves[idx] / self.total
 
     def clear(self) -> None:
         super().clear()
-        self.stree[:] = 0.0
-        self.mtree[:] = np.inf
+        self.leaves[:] = 0.0
+        self.sinner[:] = 0.0
+        self.minner[:] = np.inf
 
 
 class RankSampler(Sampler):
@@ -192,7 +216,7 @@ class RankSampler(Sampler):
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
-        _tk.scatter_last_wins(self.raw, slots, p)
+        _tk.write_leaves(self.raw, slots, p)
         self.changed[slots] = True
         self.n_changed += int(slots.shape[0])
 

@@ -249,7 +249,8 @@ class Storage:
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the rows at ``indices`` for every field. O(B)."""
-        return {name: col[indices] for name, col in self.columns.items()}
+        # take(axis=0) is several times faster than fancy indexing on 2-D columns
+        return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
 
     def clear(self) -> None:
         self.cursor = 0

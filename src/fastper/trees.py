@@ -1,8 +1,9 @@
 """Sum and min trees over flat float64 arrays.
 
-Thin, validated wrappers around :mod:`fastper._kernels.tree`. Every method
-checks its arguments completely before writing anything, so a call that
-raises leaves the tree exactly as it was.
+Thin, validated wrappers around :mod:`fastper._kernels.tree` (8 children per
+node, one cache line; see that module for the layout and why it cannot drift).
+Every method checks its arguments completely before writing anything, so a
+call that raises leaves the tree exactly as it was.
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from ._kernels import tree as _k
 from ._validation import as_index_array, as_value_array, check_int, show, to_numpy
 
 
-def _leaf_count(capacity: int) -> int:
-    return 1 << max(0, (capacity - 1).bit_length())
-
-
 class _Tree:
     _fill: float = 0.0
 
     def __init__(self, capacity: int) -> None:
         self._capacity = check_int("capacity", capacity, minimum=1)
-        self._size = _leaf_count(self._capacity)
-        self._tree = np.full(2 * self._size, self._fill, dtype=np.float64)
+        n_leaves, self._offs, self._depth = _k.layout(self._capacity)
+        self._leaves = np.full(n_leaves, self._fill, dtype=np.float64)
+        self._inner = np.full(int(self._offs[-1]), self._fill, dtype=np.float64)
+        self._scratch = np.empty(0, dtype=np.int64)
 
     @property
     def capacity(self) -> int:
@@ -35,16 +34,20 @@ class _Tree:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the tree's array, in bytes."""
-        return int(self._tree.nbytes)
-
-    def __len__(self) -> int:
-        return self._capacity
+        """Memory held by the tree's arrays, in bytes."""
+        return int(self._leaves.nbytes + self._inner.nbytes)
 
     @property
     def max_value(self) -> float:
         """Largest storable value: keeps any sum of all leaves finite."""
-        return float(np.finfo(np.float64).max / (2 * self._size))
+        return float(np.finfo(np.float64).max / (2 * self._leaves.shape[0]))
+
+    def __len__(self) -> int:
+        return self._capacity
+
+    def state(self) -> np.ndarray:
+        """Every float of the tree (leaves, then internal nodes): a copy, for checks."""
+        return np.concatenate((self._leaves, self._inner))
 
     def _checked(self, indices: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
         idx = as_index_array("indices", indices, self._capacity)
@@ -54,28 +57,35 @@ class _Tree:
                 f"`values` must be <= {self.max_value:.3e} (so the total stays finite), "
                 f"got values={show(vals[vals > self.max_value][:8])}"
             )
+        if self._scratch.shape[0] < idx.shape[0]:
+            self._scratch = np.empty(idx.shape[0], dtype=np.int64)
         return idx, vals
 
     def get(self, indices: Any) -> np.ndarray:
         """Leaf values at ``indices`` (float64 array). O(B)."""
         idx = as_index_array("indices", indices, self._capacity)
         out = np.empty(idx.shape[0], dtype=np.float64)
-        _k.gather_leaves(self._tree, self._size, idx, out)
+        _k.gather(self._leaves, idx, out)
         return out
 
     def leaves(self) -> np.ndarray:
         """A copy of all addressable leaves. O(capacity)."""
-        return self._tree[self._size : self._size + self._capacity].copy()
+        return self._leaves[: self._capacity].copy()
 
     def __getitem__(self, index: int) -> float:
         return float(self.get(np.asarray([index]))[0])
 
+    @property
+    def _root(self) -> float:
+        return float(self._inner[self._offs[self._depth]])
+
 
 class SumTree(_Tree):
-    """Binary sum tree: point updates and prefix-sum search in O(log N).
+    """Sum tree: point updates and prefix-sum search in O(log N).
 
-    Leaves start at 0. Any ``capacity >= 1`` works; leaves past ``capacity``
-    (padding up to a power of two) are zero and never addressable.
+    Leaves start at 0. Any ``capacity >= 1`` works; padding leaves past
+    ``capacity`` are zero and never addressable. Nodes have 8 children (one
+    cache line), so operations touch ``log8 N`` cache lines.
 
     Args:
         capacity: number of leaves.
@@ -94,15 +104,16 @@ class SumTree(_Tree):
 
         Raises:
             InvalidIndexError: an index outside ``[0, capacity)``.
-            ValueError: values not finite or negative, or lengths differ.
+            ValueError: values not finite, negative or too large, or lengths differ.
         """
         idx, vals = self._checked(indices, values)
-        _k.sum_set(self._tree, self._size, idx, vals)
+        _k.write_leaves(self._leaves, idx, vals)
+        _k.sum_fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch)
 
     @property
     def total(self) -> float:
         """Sum of all leaves. O(1)."""
-        return float(self._tree[1])
+        return self._root
 
     def find(self, targets: Any) -> np.ndarray:
         """Prefix-sum search, O(B log N).
@@ -131,12 +142,12 @@ class SumTree(_Tree):
                 f"`targets` must be <= total={total!r}, got targets={show(t[t > total][:8])}"
             )
         out = np.empty(t.shape[0], dtype=np.int64)
-        _k.sum_find(self._tree, self._size, t, out)
+        _k.sum_find(self._leaves, self._inner, self._offs, self._depth, t, out)
         return out[0] if scalar else out
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.sum_rebuild(self._tree, self._size)
+        _k.sum_rebuild(self._leaves, self._inner, self._offs, self._depth)
 
     def fsum(self) -> float:
         """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""
@@ -144,7 +155,7 @@ class SumTree(_Tree):
 
 
 class MinTree(_Tree):
-    """Binary min tree: point updates in O(log N), minimum in O(1).
+    """Min tree: point updates in O(log N), minimum in O(1).
 
     Leaves start at ``+inf`` (meaning "unwritten"); ``min`` of a tree with no
     written leaf is ``inf``.
@@ -157,16 +168,19 @@ class MinTree(_Tree):
 
         Raises:
             InvalidIndexError: an index outside ``[0, capacity)``.
-            ValueError: values not finite or negative, or lengths differ.
+            ValueError: values not finite, negative or too large, or lengths differ.
         """
         idx, vals = self._checked(indices, values)
-        _k.min_set(self._tree, self._size, idx, vals)
+        _k.write_leaves(self._leaves, idx, vals)
+        _k.min_fix_paths(
+            self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, False
+        )
 
     @property
     def min(self) -> float:
         """Smallest leaf. O(1)."""
-        return float(self._tree[1])
+        return self._root
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.min_rebuild(self._tree, self._size)
+        _k.min_rebuild(self._leaves, self._inner, self._offs, self._depth, False)

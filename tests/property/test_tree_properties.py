@@ -46,7 +46,7 @@ def leaf_vectors(draw: st.DrawFn, min_size: int = 1, max_size: int = 70) -> np.n
 
 
 def depth(tree: SumTree | MinTree) -> int:
-    return int(tree._tree.shape[0] // 2).bit_length()
+    return int(tree._depth)
 
 
 # ---------------------------------------------------------------------------
@@ -67,8 +67,8 @@ def test_batched_set_equals_sequential(batch: tuple, data: st.DataObject) -> Non
         cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(idx)), max_size=4)))
         for lo, hi in zip([0, *cuts], [*cuts, len(idx)], strict=True):
             chunked.set(idx[lo:hi], vals[lo:hi])
-        assert bits_equal(batched._tree, one_by_one._tree)
-        assert bits_equal(batched._tree, chunked._tree)
+        assert bits_equal(batched.state(), one_by_one.state())
+        assert bits_equal(batched.state(), chunked.state())
         # the last occurrence of each index is what the leaf holds
         expected = np.full(capacity, cls._fill)
         for i, v in zip(idx.tolist(), vals.tolist(), strict=True):
@@ -103,12 +103,11 @@ def test_tree_is_pure_function_of_leaves(leaves: np.ndarray, rnd, noise: list[fl
         c.set(noise_idx + order, noise + [float(leaves[i]) for i in order])
         # 4) leaves written straight into the array, then rebuilt
         d = cls(n)
-        size = d._tree.shape[0] // 2
-        d._tree[size : size + n] = leaves
+        d._leaves[:n] = leaves
         d.rebuild()
-        assert bits_equal(a._tree, b._tree)
-        assert bits_equal(a._tree, c._tree)
-        assert bits_equal(a._tree, d._tree)
+        assert bits_equal(a.state(), b.state())
+        assert bits_equal(a.state(), c.state())
+        assert bits_equal(a.state(), d.state())
 
 
 # ---------------------------------------------------------------------------
@@ -232,10 +231,10 @@ def test_no_drift_over_two_million_updates() -> None:
     # after 2M+ updates the tree is still exactly what a rebuild from its leaves gives
     fresh = SumTree(capacity)
     fresh.set(np.arange(capacity), mirror)
-    assert bits_equal(st_tree._tree, fresh._tree)
-    before = st_tree._tree.copy()
+    assert bits_equal(st_tree.state(), fresh.state())
+    before = st_tree.state()
     st_tree.rebuild()
-    assert bits_equal(st_tree._tree, before)
+    assert bits_equal(st_tree.state(), before)
     assert abs(st_tree.total - math.fsum(mirror)) <= 1e-9 * math.fsum(mirror)
     # drain: zero every big leaf, so the total drops by ~20 orders of magnitude; any
     # error carried over from the big values (delta updates) would now dominate

@@ -362,7 +362,7 @@ def test_read_metadata_returns_header_only(tmp_path):
     assert meta["state"]["total_added"] == buf.total_added
     assert meta["settings"]["sort_every"] == 3 and meta["settings"]["n_step"] == 4
     names = {e["name"] for e in meta["arrays"]}
-    assert {"keys", "sampler/priorities", "sampler/order", "sampler/changed"} <= names
+    assert {"sampler/priorities", "sampler/order", "sampler/changed"} <= names
     assert {f"data/{f}" for f in buf.fields} <= names
     assert sum(e["nbytes"] for e in meta["arrays"]) == len(data)
 
@@ -505,13 +505,13 @@ CRAFTED_TABLE = {
     "offset-outside-data": _set_entry("sampler/priorities", offset=10**6),
     "offset-overlaps": _set_entry("sampler/priorities", offset=0),
     "missing-array-table": lambda h: h.pop("arrays"),
-    "array-table-not-a-list": lambda h: h.update(arrays={"keys": 1}),
+    "array-table-not-a-list": lambda h: h.update(arrays={"sampler/priorities": 1}),
     "array-entry-not-a-dict": lambda h: h["arrays"].__setitem__(0, "data/obs"),
     "array-entry-missing-key": lambda h: h["arrays"][0].pop("dtype"),
     "unparsable-dtype": _set_entry("data/done", dtype="not-a-dtype"),
     # the next four are well-formed JSON that reach non-CheckpointError exceptions
     "non-finite-shape": _set_entry("data/obs", shape=[float("inf"), 4]),
-    "non-finite-offset": _set_entry("keys", offset=float("inf")),
+    "non-finite-offset": _set_entry("sampler/priorities", offset=float("inf")),
     "dtype-string-python-syntax-error": _set_entry("data/done", dtype="(3,"),
     "schedule-not-an-object": lambda h: h.update(alpha_schedule=[0.6]),
     "capacity-non-finite": lambda h: h.update(capacity=float("inf")),
@@ -576,11 +576,17 @@ CRAFTED_ARRAYS = {
     "priorities-wrong-dtype": lambda m, a: a.update(
         {"sampler/priorities": a["sampler/priorities"].astype(np.float32)}
     ),
-    "missing-array": lambda m, a: a.pop("keys"),
+    "missing-array": lambda m, a: a.pop("sampler/priorities"),
     "extra-array": lambda m, a: a.update({"data/extra": np.zeros(8)}),
     "data-wrong-dtype": lambda m, a: a.update({"data/action": a["data/action"].astype(np.int32)}),
-    "keys-negative": lambda m, a: a.update({"keys": a["keys"] - 100}),
-    "keys-beyond-counter": lambda m, a: a.update({"keys": a["keys"] + 100}),
+    # the keys are derived from the ring: its counters must agree with each other
+    "key-base-negative": lambda m, a: m["state"].update(key_base=-1),
+    "key-base-beyond-counter": lambda m, a: m["state"].update(
+        key_base=m["state"]["total_added"] + 1
+    ),
+    "cursor-disagrees-with-counter": lambda m, a: m["state"].update(
+        total_added=m["state"]["total_added"] + 1
+    ),
     "order-out-of-range": lambda m, a: a.update({"sampler/order": a["sampler/order"] + 5}),
     "order-repeats-a-slot": lambda m, a: a.update({"sampler/order": np.zeros(8, np.int64)}),
     # an order that covers only half the slots, with nothing marked changed

@@ -1,16 +1,29 @@
-"""Sum / min tree kernels over an implicit binary heap.
+"""8-ary sum / min tree kernels over flat float64 arrays.
 
-Layout: for a tree of ``size`` leaves (a power of two), the array has
-``2 * size`` entries; node ``1`` is the root, node ``j`` has children ``2j`` and
-``2j + 1`` and leaf ``i`` lives at ``size + i``. Entry ``0`` is unused.
+Layout. A tree over ``capacity`` leaves is two arrays:
 
-Why there is no drift: every internal node is always *recomputed* from its two
-children (``parent = left + right``) rather than adjusted by a delta
-(``parent += new - old``). The tree is therefore a pure function of its leaves:
-the same leaves give bit-identical internal nodes whatever the order of
-updates, and the root's relative error against an exact sum of the leaves is
-bounded by ``depth * 2**-53`` (all terms are non-negative), never accumulating
-over millions of updates. No ``fastmath``: it would let LLVM reassociate sums.
+* ``leaves``: ``capacity`` rounded up to a multiple of 8 (padding stays 0 for a
+  sum tree, ``inf`` for a min tree, and is never addressable);
+* ``inner``: the internal levels 1..D back to back; level ``l`` starts at
+  ``offs[l]`` and node ``j`` of level ``l`` combines the 8 entries
+  ``8j .. 8j+7`` of level ``l - 1`` (level 0 being ``leaves``). Level ``D``
+  holds the root at ``inner[offs[D]]``.
+
+Why 8 children: 8 float64 children fill one 64-byte cache line, so a search
+or an update touches ``log8 N`` lines (7 at N = 2^20) instead of ``log2 N``
+(20), and the lower levels of a large tree miss the cache on every line.
+
+Why there is no drift: every internal node is always *recomputed* from its
+children in a fixed order, never adjusted by a delta (``parent += new - old``).
+The tree is therefore a pure function of its leaves: the same leaves give
+bit-identical internal nodes whatever the order of updates, and the root's
+relative error against an exact sum is bounded by about ``7 * depth * 2**-53``
+(all terms are non-negative), never growing with the number of updates.
+No ``fastmath``: it would let LLVM reassociate the sums.
+
+Batched operations walk all their items one level at a time, so that many
+independent memory loads are in flight at once instead of one miss after
+another.
 """
 
 from __future__ import annotations
@@ -18,53 +31,143 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+K = 8  # children per node; one cache line of float64
+
+
+def layout(capacity: int) -> tuple[int, np.ndarray, int]:
+    """(padded leaf count, level offsets into ``inner``, depth D) for ``capacity``.
+
+    ``offs[l]`` for ``l = 1..D`` is where level ``l`` starts in ``inner``;
+    ``offs[D + 1]`` is the length of ``inner``. ``offs[0]`` is unused (0).
+    """
+    n_leaves = -(-capacity // K) * K
+    offs = [0, 0]
+    width = n_leaves
+    while True:
+        nodes = width // K
+        if nodes == 1:
+            offs.append(offs[-1] + K)  # the root's level, padded to one line
+            break
+        width = -(-nodes // K) * K
+        offs.append(offs[-1] + width)
+    depth = len(offs) - 2
+    return n_leaves, np.asarray(offs, dtype=np.int64), depth
+
+
 # ---------------------------------------------------------------------------
-# point updates (batched, sequential semantics: duplicates -> last one wins)
+# node recomputation
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_node(leaves, inner, offs, level, j):  # pragma: no cover - compiled
+    base = K * j
+    acc = 0.0
+    if level == 1:
+        for c in range(K):
+            acc += leaves[base + c]
+    else:
+        base += offs[level - 1]
+        for c in range(K):
+            acc += inner[base + c]
+    inner[offs[level] + j] = acc
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _min_node(leaves, inner, offs, level, j, skip_zero):  # pragma: no cover - compiled
+    """Min of the 8 children; with ``skip_zero`` a zero leaf counts as ``inf``."""
+    base = K * j
+    m = np.inf
+    if level == 1:
+        for c in range(K):
+            v = leaves[base + c]
+            if skip_zero and v == 0.0:
+                continue
+            if v < m:
+                m = v
+    else:
+        base += offs[level - 1]
+        for c in range(K):
+            v = inner[base + c]
+            if v < m:
+                m = v
+    inner[offs[level] + j] = m
+
+
+@njit(cache=True, nogil=True)
+def sum_fix_paths(leaves, inner, offs, depth, indices, scratch):  # pragma: no cover - compiled
+    """Recompute every ancestor of ``indices``' leaves, one level at a time.
+
+    ``scratch`` is an int64 array at least as long as ``indices``. Runs of
+    equal parents (sorted or contiguous indices) are recomputed once.
+    """
+    b = indices.shape[0]
+    for k in range(b):
+        scratch[k] = indices[k]
+    for level in range(1, depth + 1):
+        prev = -1
+        for k in range(b):
+            j = scratch[k] // K
+            scratch[k] = j
+            if j != prev:
+                _sum_node(leaves, inner, offs, level, j)
+                prev = j
+
+
+@njit(cache=True, nogil=True)
+def min_fix_paths(leaves, inner, offs, depth, indices, scratch, skip_zero):  # pragma: no cover
+    b = indices.shape[0]
+    for k in range(b):
+        scratch[k] = indices[k]
+    for level in range(1, depth + 1):
+        prev = -1
+        for k in range(b):
+            j = scratch[k] // K
+            scratch[k] = j
+            if j != prev:
+                _min_node(leaves, inner, offs, level, j, skip_zero)
+                prev = j
+
+
+@njit(cache=True, nogil=True)
+def sum_rebuild(leaves, inner, offs, depth):  # pragma: no cover - compiled
+    for level in range(1, depth + 1):
+        for j in range(offs[level + 1] - offs[level]):
+            if level == 1 and K * j >= leaves.shape[0]:
+                inner[offs[level] + j] = 0.0
+            elif level > 1 and offs[level - 1] + K * j >= offs[level]:
+                inner[offs[level] + j] = 0.0
+            else:
+                _sum_node(leaves, inner, offs, level, j)
+
+
+@njit(cache=True, nogil=True)
+def min_rebuild(leaves, inner, offs, depth, skip_zero):  # pragma: no cover - compiled
+    for level in range(1, depth + 1):
+        for j in range(offs[level + 1] - offs[level]):
+            if level == 1 and K * j >= leaves.shape[0]:
+                inner[offs[level] + j] = np.inf
+            elif level > 1 and offs[level - 1] + K * j >= offs[level]:
+                inner[offs[level] + j] = np.inf
+            else:
+                _min_node(leaves, inner, offs, level, j, skip_zero)
+
+
+# ---------------------------------------------------------------------------
+# point writes (sequential semantics: duplicates -> the last one wins)
 # ---------------------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True)
-def sum_set(tree, size, indices, values):  # pragma: no cover - compiled
+def write_leaves(leaves, indices, values):  # pragma: no cover - compiled
     for k in range(indices.shape[0]):
-        pos = size + indices[k]
-        tree[pos] = values[k]
-        pos >>= 1
-        while pos >= 1:
-            tree[pos] = tree[2 * pos] + tree[2 * pos + 1]
-            pos >>= 1
+        leaves[indices[k]] = values[k]
 
 
 @njit(cache=True, nogil=True)
-def min_set(tree, size, indices, values):  # pragma: no cover - compiled
+def gather(src, indices, out):  # pragma: no cover - compiled
     for k in range(indices.shape[0]):
-        pos = size + indices[k]
-        tree[pos] = values[k]
-        pos >>= 1
-        while pos >= 1:
-            left = tree[2 * pos]
-            right = tree[2 * pos + 1]
-            tree[pos] = left if left < right else right
-            pos >>= 1
-
-
-@njit(cache=True, nogil=True)
-def sum_rebuild(tree, size):  # pragma: no cover - compiled
-    for pos in range(size - 1, 0, -1):
-        tree[pos] = tree[2 * pos] + tree[2 * pos + 1]
-
-
-@njit(cache=True, nogil=True)
-def min_rebuild(tree, size):  # pragma: no cover - compiled
-    for pos in range(size - 1, 0, -1):
-        left = tree[2 * pos]
-        right = tree[2 * pos + 1]
-        tree[pos] = left if left < right else right
-
-
-@njit(cache=True, nogil=True)
-def gather_leaves(tree, size, indices, out):  # pragma: no cover - compiled
-    for k in range(indices.shape[0]):
-        out[k] = tree[size + indices[k]]
+        out[k] = src[indices[k]]
 
 
 # ---------------------------------------------------------------------------
@@ -72,116 +175,185 @@ def gather_leaves(tree, size, indices, out):  # pragma: no cover - compiled
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _descend(tree, size, target):  # pragma: no cover - compiled
-    """Smallest leaf ``i`` with ``target < leaf[0] + ... + leaf[i]``.
-
-    Guards against rounding: a child whose sum is zero is never entered, so the
-    leaf found always holds a positive value as long as the root is positive,
-    even for targets at or a few ulps above the computed total.
-    """
-    pos = 1
-    t = target
-    while pos < size:
-        left = tree[2 * pos]
-        if left > 0.0 and (t < left or tree[2 * pos + 1] <= 0.0):
-            pos = 2 * pos
-        else:
-            t -= left
-            pos = 2 * pos + 1
-    return pos - size
-
-
 @njit(cache=True, nogil=True)
-def descend_batch(tree, size, targets, out):  # pragma: no cover - compiled
-    """:func:`_descend` for many targets, one tree level at a time.
+def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - compiled
+    """For each target ``t``: the smallest leaf ``i`` with ``t < leaf[0] + .. + leaf[i]``.
 
-    Walking all targets down together keeps many independent memory loads in
-    flight (the lower levels of a large tree miss the cache), where one walk
-    after another would wait for each miss in turn. Same result as calling
-    :func:`_descend` per target.
+    Guards against rounding: zero children are never entered, and a target at
+    or past the computed sum of a node (a few ulps under the total, say) takes
+    the node's last positive child. So a leaf found is always positive while
+    the root is.
     """
     b = targets.shape[0]
     t = targets.copy()
     for k in range(b):
-        out[k] = 1
-    width = 1
-    while width < size:
+        out[k] = 0
+    for level in range(depth, 0, -1):
         for k in range(b):
-            pos = out[k]
-            left = tree[2 * pos]
-            if left > 0.0 and (t[k] < left or tree[2 * pos + 1] <= 0.0):
-                out[k] = 2 * pos
-            else:
-                t[k] -= left
-                out[k] = 2 * pos + 1
-        width *= 2
-    for k in range(b):
-        out[k] -= size
-
-
-@njit(cache=True, nogil=True)
-def sum_find(tree, size, targets, out):  # pragma: no cover - compiled
-    descend_batch(tree, size, targets, out)
+            j = out[k]
+            base = K * j
+            if level > 1:
+                base += offs[level - 1]
+            tk = t[k]
+            chosen = -1
+            last = -1
+            t_last = tk
+            for c in range(K):
+                v = leaves[base + c] if level == 1 else inner[base + c]
+                if v > 0.0:
+                    last = c
+                    t_last = tk
+                    if tk < v:
+                        chosen = c
+                        break
+                    tk -= v
+            if chosen < 0:
+                # past the node's computed sum (rounding): take the last positive
+                # child, keeping the target at or past its end so that the
+                # levels below do the same
+                chosen = last
+                tk = t_last
+            t[k] = tk
+            out[k] = K * j + chosen
 
 
 # ---------------------------------------------------------------------------
-# fused operations for the proportional buffer
+# the proportional buffer: raw priorities + sum tree + zero-skipping min tree
 # ---------------------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True)
-def prop_set(raw, stree, mtree, size, indices, p, alpha):  # pragma: no cover - compiled
-    """Write raw priorities and both trees; sequential, last duplicate wins.
+def prop_write(
+    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch
+):  # pragma: no cover
+    """Set raw priorities ``p`` and leaves ``p ** alpha``; last duplicate wins.
 
-    Leaves are ``p ** alpha`` computed here and in :func:`prop_rebuild` by the
-    same scalar pow, so a rebuilt tree is bit-identical to an updated one.
-
-    The min tree holds ``+inf`` for zero leaves: a zero-priority slot is never
-    sampled, so it must not define the largest importance weight either.
+    The min tree shares the sum tree's leaves and skips zeros: a zero-priority
+    slot is never sampled, so it must not set the largest weight either. Leaves
+    are made here and in :func:`prop_rebuild` by the same scalar pow, so a
+    rebuilt tree is bit-identical to an updated one.
     """
     for k in range(indices.shape[0]):
         i = indices[k]
         raw[i] = p[k]
-        leaf = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
-        pos = size + i
-        stree[pos] = leaf
-        mtree[pos] = leaf if leaf > 0.0 else np.inf
-        pos >>= 1
-        while pos >= 1:
-            stree[pos] = stree[2 * pos] + stree[2 * pos + 1]
-            left = mtree[2 * pos]
-            right = mtree[2 * pos + 1]
-            mtree[pos] = left if left < right else right
-            pos >>= 1
+        leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
+    sum_fix_paths(leaves, sinner, offs, depth, indices, scratch)
+    min_fix_paths(leaves, minner, offs, depth, indices, scratch, True)
 
 
 @njit(cache=True, nogil=True)
-def prop_rebuild(raw, n, stree, mtree, size, alpha):  # pragma: no cover - compiled
+def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha):  # pragma: no cover
     """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
     for i in range(n):
-        leaf = raw[i] ** alpha if raw[i] > 0.0 else 0.0
-        stree[size + i] = leaf
-        mtree[size + i] = leaf if leaf > 0.0 else np.inf
-    for pos in range(size - 1, 0, -1):
-        stree[pos] = stree[2 * pos] + stree[2 * pos + 1]
-        left = mtree[2 * pos]
-        right = mtree[2 * pos + 1]
-        mtree[pos] = left if left < right else right
+        leaves[i] = raw[i] ** alpha if raw[i] > 0.0 else 0.0
+    sum_rebuild(leaves, sinner, offs, depth)
+    min_rebuild(leaves, minner, offs, depth, True)
+
+
+@njit(cache=True, nogil=True)
+def slot_keys(indices, key_base, added, capacity, out):  # pragma: no cover - compiled
+    """Key (insertion counter) of the occupant of each slot.
+
+    Since the last clear (at counter ``key_base``) the k-th transition went to
+    slot ``k % capacity``, so slot ``s`` holds the latest such k.
+    """
+    t = added - key_base
+    for k in range(indices.shape[0]):
+        s = indices[k]
+        out[k] = key_base + s + capacity * ((t - 1 - s) // capacity)
+
+
+@njit(cache=True, nogil=True)
+def td_priorities(
+    indices,
+    td,
+    keys,
+    use_keys,
+    eps,
+    clip,
+    alpha,
+    log_limit,
+    size,
+    key_base,
+    added,
+    capacity,
+    out_idx,
+    out_p,
+    status,
+):  # pragma: no cover - compiled
+    """Validate an update, drop stale entries, compute ``min(|td|, clip) + eps``.
+
+    Writes the surviving slots and priorities to ``out_idx`` / ``out_p``.
+    ``status`` (int64[4]) receives [error code, position of the first bad
+    entry, entries kept, entries dropped as stale]. Error codes: 1 index out
+    of range, 2 slot never written, 3 td not finite, 4 ``p**alpha`` above
+    ``exp(log_limit)``, 5 a key never issued. On an error nothing is kept.
+    Returns the largest kept priority (0.0 if none).
+    """
+    b = indices.shape[0]
+    status[0] = 0
+    status[1] = -1
+    status[2] = 0
+    status[3] = 0
+    for k in range(b):
+        i = indices[k]
+        if i < 0 or i >= capacity:
+            status[0] = 1
+        elif i >= size:
+            status[0] = 2
+        elif not np.isfinite(td[k]):
+            status[0] = 3
+        else:
+            p = min(abs(td[k]), clip) + eps
+            if p > 0.0 and alpha * np.log(p) > log_limit:
+                status[0] = 4
+            elif use_keys and (keys[k] < 0 or keys[k] >= added):
+                status[0] = 5
+        if status[0] != 0:
+            status[1] = k
+            return 0.0
+    t = added - key_base
+    kept = 0
+    pmax = 0.0
+    for k in range(b):
+        i = indices[k]
+        if use_keys and keys[k] != key_base + i + capacity * ((t - 1 - i) // capacity):
+            status[3] += 1
+            continue
+        p = min(abs(td[k]), clip) + eps
+        out_idx[kept] = i
+        out_p[kept] = p
+        kept += 1
+        if p > pmax:
+            pmax = p
+    status[2] = kept
+    return pmax
 
 
 @njit(cache=True, nogil=True)
 def prop_sample(
-    stree, mtree, size, u, stratified, beta, n, norm_mode, out_idx, out_prob, out_w
+    leaves,
+    sinner,
+    minner,
+    offs,
+    depth,
+    u,
+    stratified,
+    beta,
+    n,
+    norm_mode,
+    out_idx,
+    out_prob,
+    out_w,
 ):  # pragma: no cover - compiled
     """Draw ``len(u)`` leaves, their probabilities and importance weights.
 
     ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
     ``k``-th of ``B`` equal slices of the total mass. ``norm_mode``: 0 = divide
-    by the buffer-wide largest weight (smallest leaf, from the min tree),
-    1 = by the batch's largest weight, 2 = no normalisation.
+    by the buffer-wide largest weight (smallest positive leaf, from the min
+    tree), 1 = by the batch's largest weight, 2 = no normalisation.
     """
-    total = stree[1]
+    total = sinner[offs[depth]]
     b = u.shape[0]
     targets = np.empty(b)
     for k in range(b):
@@ -189,13 +361,13 @@ def prop_sample(
             targets[k] = (k + u[k]) * total / b
         else:
             targets[k] = u[k] * total
-    descend_batch(stree, size, targets, out_idx)
+    sum_find(leaves, sinner, offs, depth, targets, out_idx)
     # out_prob holds raw leaves until the weights are done: ratios of leaves
     # are exact where ratios of probabilities would round twice.
     for k in range(b):
-        out_prob[k] = stree[size + out_idx[k]]
+        out_prob[k] = leaves[out_idx[k]]
     if norm_mode == 0:
-        lmin = mtree[1]
+        lmin = minner[offs[depth]]
         for k in range(b):
             out_w[k] = (out_prob[k] / lmin) ** (-beta)
     elif norm_mode == 1:
@@ -210,14 +382,3 @@ def prop_sample(
             out_w[k] = (n * (out_prob[k] / total)) ** (-beta)
     for k in range(b):
         out_prob[k] = out_prob[k] / total
-
-
-# ---------------------------------------------------------------------------
-# generic helpers
-# ---------------------------------------------------------------------------
-
-
-@njit(cache=True, nogil=True)
-def scatter_last_wins(dst, indices, values):  # pragma: no cover - compiled
-    for k in range(indices.shape[0]):
-        dst[indices[k]] = values[k]

@@ -1,0 +1,238 @@
+"""Peer comparison: fastper vs cpprb, Tianshou and TorchRL prioritized replay (issue #3).
+
+Usage:
+    python benchmarks/peers.py [--quick] [--capacities 2^16 2^20 ...] [--batches 32 256 ...]
+                               [--libs fastper cpprb ...] [--out benchmarks/results]
+
+Every library is measured at every capacity in its own fresh process (this
+script in worker mode, ``--worker LIB``), one process at a time; the peers are
+imported only there. Each worker first checks its library on a small case with
+known priorities, then fills a buffer (proportional PER, alpha 0.6, beta 0.4,
+a CartPole-like transition of 48 bytes) and times fill, sample, update and the
+learner step (sample + update). This process collects the results and writes
+``peers.csv``, ``peers.md`` and ``peers.png`` to ``--out``, plus the time to
+first sample of a fresh ``python -c "import fastper; ..."`` with numba's cache
+warm and cold.
+
+Needs the ``bench`` extra: ``pip install -e '.[bench]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from adapters import ADAPTERS
+from report import machine_info, versions, write_csv, write_markdown
+
+HERE = Path(__file__).resolve().parent
+FULL_CAPACITIES = [2**16, 2**20, 2**22]
+FULL_BATCHES = [32, 256, 1024, 4096]
+
+#: The fresh process timed for "time to first sample" (capacity 2^16, add 1000, sample 256).
+TTFS_CODE = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import fastper
+t1 = time.perf_counter()
+fields = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+          "next_obs": ((4,), np.float32), "done": ((), np.float32)}
+buf = fastper.PrioritizedReplayBuffer(2**16, fields, alpha=0.6, beta=0.4, seed=0)
+rng = np.random.default_rng(0)
+k = 1000
+buf.add({"obs": rng.standard_normal((k, 4), dtype=np.float32), "action": rng.integers(0, 2, k),
+         "reward": rng.standard_normal(k, dtype=np.float32),
+         "next_obs": rng.standard_normal((k, 4), dtype=np.float32),
+         "done": np.zeros(k, dtype=np.float32)})
+t2 = time.perf_counter()
+b = buf.sample(256)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "build_add_s": t2 - t1, "sample_s": t3 - t2}))
+"""
+
+
+def parse_size(text: str) -> int:
+    """An integer given as ``1048576``, ``2^20`` or ``2**20``."""
+    t = text.strip().replace("**", "^")
+    if "^" in t:
+        base, exp = t.split("^", 1)
+        return int(int(base) ** int(exp))
+    return int(t)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options (``--worker`` and friends are internal)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke test: 2^16, B=256, fewer calls")
+    p.add_argument("--capacities", nargs="+", type=parse_size, help="default 2^16 2^20 2^22")
+    p.add_argument("--batches", nargs="+", type=int, help="default 32 256 1024 4096")
+    p.add_argument("--libs", nargs="+", choices=list(ADAPTERS), help="default: all four")
+    p.add_argument("--out", type=Path, help="default benchmarks/results (quick: .../quick)")
+    p.add_argument("--calls", type=int, help="timed calls per op (default 300, quick 100)")
+    p.add_argument("--warmup", type=int, help="untimed calls first (default 30, quick 10)")
+    p.add_argument(
+        "--prefix", type=int, help="single adds timed when a library cannot add batches (5000)"
+    )
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
+    p.add_argument("--no-ttfs", action="store_true", help="skip the time-to-first-sample runs")
+    p.add_argument("--worker", choices=list(ADAPTERS), help=argparse.SUPPRESS)
+    p.add_argument("--capacity", type=parse_size, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.capacities = a.capacities or ([2**16] if a.quick else FULL_CAPACITIES)
+    a.batches = a.batches or ([256] if a.quick else FULL_BATCHES)
+    a.libs = a.libs or list(ADAPTERS)
+    a.out = a.out or (HERE / "results" / "quick" if a.quick else HERE / "results")
+    a.calls = a.calls or (100 if a.quick else 300)
+    a.warmup = a.warmup if a.warmup is not None else (10 if a.quick else 30)
+    a.prefix = a.prefix or (2000 if a.quick else 5000)
+    return a
+
+
+def worker_main(a: argparse.Namespace) -> int:
+    """Worker mode: measure one library at one capacity, write JSON to ``--result``."""
+    import worker
+
+    result = worker.run(a.worker, a.capacity, a.batches, a.calls, a.warmup, a.prefix)
+    a.result.write_text(json.dumps(result))
+    return 0
+
+
+def run_worker(lib: str, capacity: int, a: argparse.Namespace) -> dict[str, Any]:
+    """Run one worker process; a crash or timeout becomes an error in the result."""
+    with tempfile.TemporaryDirectory(prefix="fastper-peers-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            lib,
+            "--capacity",
+            str(capacity),
+            "--batches",
+            *map(str, a.batches),
+            "--calls",
+            str(a.calls),
+            "--warmup",
+            str(a.warmup),
+            "--prefix",
+            str(a.prefix),
+            "--result",
+            str(result_path),
+        ]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            stderr = proc.stderr
+            failed = proc.returncode != 0 or not result_path.exists()
+            why = f"worker exited with status {proc.returncode}"
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            failed, why = True, f"worker timed out after {a.timeout:.0f} s"
+        if failed:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            return {
+                "lib": lib,
+                "capacity": capacity,
+                "available": True,
+                "error": f"{why}: {tail}",
+                "rows": [],
+                "process_s": time.perf_counter() - t0,
+            }
+        result: dict[str, Any] = json.loads(result_path.read_text())
+        result["process_s"] = time.perf_counter() - t0
+        return result
+
+
+def time_to_first_sample() -> dict[str, Any]:
+    """Wall time of a fresh ``python -c`` that imports fastper, builds, adds and samples.
+
+    Warm: a numba cache directory filled by a first run, the second run reported.
+    Cold: an empty numba cache directory (everything compiled in that process).
+    """
+    out: dict[str, Any] = {}
+    for label, runs in (("warm", 2), ("cold", 1)):
+        with tempfile.TemporaryDirectory(prefix=f"fastper-numba-{label}-") as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                proc = subprocess.run(
+                    [sys.executable, "-c", TTFS_CODE], capture_output=True, text=True, env=env
+                )
+                wall = time.perf_counter() - t0
+            if proc.returncode != 0:
+                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+                out[label] = {"error": tail}
+            else:
+                out[label] = {"wall_s": wall, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every (library, capacity) worker in turn and write the report."""
+    a = parse_args(argv)
+    if a.worker:
+        return worker_main(a)
+    t_start = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    for lib in a.libs:
+        for cap in a.capacities:
+            print(f"[peers] {lib} at N={cap} ...", file=sys.stderr, flush=True)
+            r = run_worker(lib, cap, a)
+            results.append(r)
+            state = (
+                "unavailable: " + str(r["reason"])
+                if not r.get("available")
+                else r.get("error") or f"done in {r['process_s']:.1f} s"
+            )
+            check = r.get("check")
+            if check is not None:
+                state += "; check " + ("ok" if check["ok"] else "FAILED")
+            print(f"[peers]   {state[:300]}", file=sys.stderr, flush=True)
+            if not r.get("available"):
+                break  # the same import would fail at every capacity
+    ttfs: dict[str, Any] = {}
+    if not a.no_ttfs and "fastper" in a.libs:
+        print("[peers] time to first sample (fastper) ...", file=sys.stderr, flush=True)
+        ttfs = time_to_first_sample()
+    total_s = time.perf_counter() - t_start
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "command": " ".join(["python", "benchmarks/peers.py", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "total_s": total_s,
+        "machine": machine_info(),
+        "versions": versions(),
+        "args": {
+            "capacities": a.capacities,
+            "batches": a.batches,
+            "libs": a.libs,
+            "calls": a.calls,
+            "warmup": a.warmup,
+            "prefix": a.prefix,
+        },
+    }
+    write_csv(results, a.out / "peers.csv")
+    write_markdown(results, ttfs, meta, a.out / "peers.md")
+    try:
+        from plot import plot
+
+        plot(results, a.out / "peers.png", batch=256 if 256 in a.batches else a.batches[0])
+    except ImportError as exc:
+        print(f"[peers] no figure: {exc}", file=sys.stderr)
+    (a.out / "peers.json").write_text(json.dumps({"meta": meta, "results": results, "ttfs": ttfs}))
+    print(f"[peers] wrote {a.out}/peers.{{csv,md,png,json}} in {total_s:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
