@@ -342,7 +342,14 @@ class TorchrlAdapter(Adapter):
     @classmethod
     def import_library(cls) -> None:
         importlib.import_module("torchrl")
-        importlib.import_module("torchrl._torchrl")
+        try:
+            importlib.import_module("torchrl._torchrl")
+        except ImportError as exc:
+            torch = importlib.import_module("torch")
+            raise ImportError(
+                f"TorchRL's C++ extension torchrl._torchrl (its segment trees, needed by "
+                f"PrioritizedSampler) does not load with torch {torch.__version__}: {exc}"
+            ) from exc
 
     def native_batch(self, chunk: Chunk) -> Any:
         k = len(chunk["reward"])

@@ -38,7 +38,8 @@ def check_adapter(
 
     Returns:
         A JSON-able dict: ``ok``, ``problems`` (list of strings), ``freq_max_abs_err``,
-        ``tolerance``, ``samples`` and ``weight_norm`` ("buffer", "batch" or "mismatch").
+        ``tolerance``, ``samples`` and ``weight_norm`` ("buffer", "batch", "undetermined"
+        or "mismatch").
     """
     problems: list[str] = []
     ad = cls(slots, alpha, beta, 1)

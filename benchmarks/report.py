@@ -143,6 +143,12 @@ def write_csv(results: list[dict[str, Any]], path: Path) -> None:
                 w.writerow({**base, "op": "error", "notes": r["error"]})
 
 
+def _short(text: object, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (peers.csv keeps the full message)."""
+    s = str(text).replace("|", "/")
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
 def _csv_num(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
@@ -231,7 +237,8 @@ def _library_table(results: list[dict[str, Any]]) -> list[str]:
             continue
         if not r.get("available"):
             lines.append(
-                f"| {lib} | {_lib_version(r)} | **unavailable**: {r.get('reason')} | - | - | - |"
+                f"| {lib} | {_lib_version(r)} | **unavailable**: {_short(r.get('reason'))} "
+                "| - | - | - |"
             )
             continue
         checks: list[dict[str, Any]] = [

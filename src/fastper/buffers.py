@@ -29,6 +29,7 @@ Decisions (see the README for the reasoning):
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -275,10 +276,14 @@ class _Buffer:
         raise NotImplementedError
 
     def _checked_alpha(self, value: Any) -> float:
+        if type(value) is float and 0.0 <= value < math.inf:  # fast path, no ABC checks
+            return value
         return check_real("alpha", value, minimum=0.0)
 
     @staticmethod
     def _check_beta(value: Any) -> float:
+        if type(value) is float and 0.0 <= value < math.inf:
+            return value
         return check_real("beta", value, minimum=0.0)
 
     def _apply_alpha(self, alpha: float) -> None:
@@ -383,25 +388,27 @@ class _Buffer:
             ZeroPriorityError: every priority is zero (proportional).
             ValueError, TypeError: a bad ``batch_size`` or ``beta``.
         """
-        b = check_int("batch_size", batch_size, minimum=1)
+        b = batch_size if type(batch_size) is int and batch_size >= 1 else None
+        if b is None:
+            b = check_int("batch_size", batch_size, minimum=1)
         beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
         n = len(self)
         if n == 0:
             raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
         alpha = self._checked_alpha(self._alpha_schedule(self._step))
-        rng_state = self._rng.bit_generator.state
         old_alpha = self._sampler.alpha
         try:
             self._apply_alpha(alpha)
             self._sampler.check_sampleable(n)
-            u = self._rng.random(b)
-            idx, prob, w = self._sampler.sample(
-                u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm]
-            )
         except BaseException:
-            self._rng.bit_generator.state = rng_state
             self._apply_alpha(old_alpha)
             raise
+        # Nothing below can fail on valid state, so the generator only advances
+        # once every check has passed: a raising call leaves it untouched.
+        u = self._rng.random(b)
+        idx, prob, w = self._sampler.sample(
+            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm]
+        )
         batch = SampleBatch(
             data=self._storage.gather(idx),
             indices=idx,

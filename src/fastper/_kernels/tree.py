@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._intrinsics import prefetch
+
 K = 8  # children per node; one cache line of float64
 
 
@@ -214,7 +216,13 @@ def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - co
                 chosen = last
                 tk = t_last
             t[k] = tk
-            out[k] = K * j + chosen
+            child = K * j + chosen
+            out[k] = child
+            # the next pass reads this child's 8 children: start fetching them now
+            if level == 2:
+                prefetch(leaves, K * child)
+            elif level > 2:
+                prefetch(inner, offs[level - 2] + K * child)
 
 
 # ---------------------------------------------------------------------------
