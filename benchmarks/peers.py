@@ -5,8 +5,9 @@ Usage:
                                [--libs fastper cpprb ...] [--out benchmarks/results]
 
 Every library is measured at every capacity in its own fresh process (this
-script in worker mode, ``--worker LIB``), one process at a time; the peers are
-imported only there. Each worker first checks its library on a small case with
+script in worker mode, ``--worker LIB``), one process at a time, in ``--repeats``
+rounds that go through all libraries in turn (so that a slow spell of a shared
+machine does not hit one library only); the peers are imported only there. Each worker first checks its library on a small case with
 known priorities, then fills a buffer (proportional PER, alpha 0.6, beta 0.4,
 a CartPole-like transition of 48 bytes) and times fill, sample, update and the
 learner step (sample + update). This process collects the results and writes
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,7 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, help="timed calls per op (default 300, quick 100)")
     p.add_argument("--warmup", type=int, help="untimed calls first (default 30, quick 10)")
     p.add_argument(
-        "--prefix", type=int, help="single adds timed when a library cannot add batches (5000)"
+        "--prefix", type=int, help="single adds timed where a library cannot add batches (20000)"
+    )
+    p.add_argument(
+        "--repeats", type=int, help="worker processes per library and capacity (3; quick 1)"
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     p.add_argument("--no-ttfs", action="store_true", help="skip the time-to-first-sample runs")
@@ -93,7 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.out = a.out or (HERE / "results" / "quick" if a.quick else HERE / "results")
     a.calls = a.calls or (100 if a.quick else 300)
     a.warmup = a.warmup if a.warmup is not None else (10 if a.quick else 30)
-    a.prefix = a.prefix or (2000 if a.quick else 5000)
+    a.prefix = a.prefix or (2000 if a.quick else 20000)
+    a.repeats = a.repeats or (1 if a.quick else 3)
     return a
 
 
@@ -152,6 +158,45 @@ def run_worker(lib: str, capacity: int, a: argparse.Namespace) -> dict[str, Any]
         return result
 
 
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the worker processes that measured one library at one capacity.
+
+    Each figure is the median over processes of the per-process figure (per-process
+    medians of 300 calls, p90s, fill times, memory); ``calls`` is the total.
+    """
+    ok = [r for r in runs if r.get("available")]
+    if not ok:
+        return runs[0]
+    out = dict(ok[0])
+    out["checks"] = [r["check"] for r in ok if r.get("check")]
+    failed = [c for c in out["checks"] if not c.get("ok")]
+    out["check"] = failed[0] if failed else (out["checks"][0] if out["checks"] else None)
+    out["error"] = "; ".join(r["error"] for r in runs if r.get("error")) or None
+    out["processes"] = len(runs)
+    out["process_s"] = sum(r.get("process_s", 0.0) for r in runs)
+    groups: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
+    for r in ok:
+        for row in r.get("rows", []):
+            groups.setdefault((row["op"], row["batch"]), []).append(row)
+    merged = []
+    for rows in groups.values():
+        row = dict(rows[0])
+        if len(rows) > 1:
+            for key in ("median_us", "p90_us", "bytes_per_slot"):
+                vals = [x[key] for x in rows if x[key] is not None]
+                row[key] = float(statistics.median(vals)) if vals else None
+            row["calls"] = sum(x["calls"] for x in rows)
+            row["extrapolated"] = any(x["extrapolated"] for x in rows)
+            key = "bytes_per_slot" if row["op"] == "memory" else "median_us"
+            each = ", ".join(f"{x[key]:.4g}" for x in rows if x[key] is not None)
+            row["notes"] = (f"median of {len(rows)} processes ({each}); " + row["notes"]).rstrip(
+                "; "
+            )
+        merged.append(row)
+    out["rows"] = merged
+    return out
+
+
 def time_to_first_sample() -> dict[str, Any]:
     """Wall time of a fresh ``python -c`` that imports fastper, builds, adds and samples.
 
@@ -182,23 +227,32 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         return worker_main(a)
     t_start = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    for lib in a.libs:
-        for cap in a.capacities:
-            print(f"[peers] {lib} at N={cap} ...", file=sys.stderr, flush=True)
-            r = run_worker(lib, cap, a)
-            results.append(r)
-            state = (
-                "unavailable: " + str(r["reason"])
-                if not r.get("available")
-                else r.get("error") or f"done in {r['process_s']:.1f} s"
-            )
-            check = r.get("check")
-            if check is not None:
-                state += "; check " + ("ok" if check["ok"] else "FAILED")
-            print(f"[peers]   {state[:300]}", file=sys.stderr, flush=True)
-            if not r.get("available"):
-                break  # the same import would fail at every capacity
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    unavailable: set[str] = set()
+    for rnd in range(1, a.repeats + 1):
+        for lib in a.libs:
+            for cap in a.capacities:
+                if lib in unavailable:
+                    break  # the same import would fail at every capacity and in every round
+                print(
+                    f"[peers] round {rnd}/{a.repeats}: {lib} at N={cap} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                r = run_worker(lib, cap, a)
+                runs.setdefault((lib, cap), []).append(r)
+                state = (
+                    "unavailable: " + str(r["reason"])
+                    if not r.get("available")
+                    else r.get("error") or f"done in {r['process_s']:.1f} s"
+                )
+                check = r.get("check")
+                if check is not None:
+                    state += "; check " + ("ok" if check["ok"] else "FAILED")
+                print(f"[peers]   {state[:300]}", file=sys.stderr, flush=True)
+                if not r.get("available"):
+                    unavailable.add(lib)
+    results = [merge(rs) for rs in runs.values()]
     ttfs: dict[str, Any] = {}
     if not a.no_ttfs and "fastper" in a.libs:
         print("[peers] time to first sample (fastper) ...", file=sys.stderr, flush=True)
@@ -219,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "calls": a.calls,
             "warmup": a.warmup,
             "prefix": a.prefix,
+            "repeats": a.repeats,
         },
     }
     write_csv(results, a.out / "peers.csv")

@@ -242,26 +242,31 @@ def _library_table(results: list[dict[str, Any]]) -> list[str]:
             )
             continue
         checks: list[dict[str, Any]] = [
-            x["check"] for x in results if x["lib"] == lib and x.get("check")
+            c
+            for x in results
+            if x["lib"] == lib
+            for c in (x.get("checks") or ([x["check"]] if x.get("check") else []))
         ]
         errors = [
             f"N={pow2(x['capacity'])}: {x['error']}"
             for x in results
             if x["lib"] == lib and x.get("error")
         ]
-        status = "ok" if not errors else "**errors**: " + "; ".join(errors)
+        status = "ok" if not errors else "**errors**: " + _short("; ".join(errors), 600)
         if not checks:
             check_s, norm = "not run", "-"
         elif all(c["ok"] for c in checks):
             c = checks[0]
+            worst = max(x["freq_max_abs_err"] for x in checks)
             check_s = (
-                f"passed ({len(checks)}x): max |freq - P| {c['freq_max_abs_err']:.4f} "
-                f"<= {c['tolerance']} over {c['samples']:,} draws; data matches slots"
+                f"passed in all {len(checks)} processes: max abs(freq - P) {worst:.4f} "
+                f"<= {c['tolerance']} over {c['samples']:,} draws each; data matches slots"
             )
-            norm = c.get("weight_norm", "-")
+            norms = {x.get("weight_norm", "-") for x in checks}
+            norm = norms.pop() if len(norms) == 1 else "varies: " + ", ".join(sorted(norms))
         else:
             bad = next(c for c in checks if not c["ok"])
-            check_s = "**FAILED**: " + "; ".join(bad.get("problems", []))
+            check_s = "**FAILED**: " + _short("; ".join(bad.get("problems", [])), 600)
             norm = bad.get("weight_norm", "-")
         lines.append(f"| {lib} | {_lib_version(r)} | {status} | {check_s} | {norm} | {cls.notes} |")
     return lines
@@ -306,8 +311,15 @@ def _op_tables(results: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {lib} | {kind} | " + " | ".join(_cell(r) for r in rows) + " |")
     lines += [
         "",
-        "`~`: extrapolated from timed single adds (see the notes column of peers.csv); the "
-        "buffer is still filled completely before sample / update are timed.",
+        "`~`: extrapolated from timed single adds; the buffer is still filled completely "
+        "before sample / update are timed:",
+        "",
+        *[
+            f"- {lib} N={pow2(c)}: {_short(row['notes'], 1000)}"
+            for lib in libs
+            for c in caps
+            if (row := idx.get((lib, c, None, "fill"))) and row.get("extrapolated")
+        ],
         "",
         f"### memory of the filled buffer (RSS bytes per slot; the data itself is "
         f"{DATA_BYTES_PER_SLOT} bytes/slot)",
@@ -385,7 +397,9 @@ def write_markdown(
         f"next_obs float32[4], done float32: {DATA_BYTES_PER_SLOT} bytes), proportional PER, "
         "alpha 0.6, beta 0.4. Every library runs at every capacity in its own fresh process. "
         f"Timings: median (and p90) of {args['calls']} calls after {args['warmup']} warm-up "
-        "calls, after every priority has been set to a random |N(0, 1)|.",
+        "calls, after every priority has been set to a random |N(0, 1)|; each figure is the "
+        f"median over {args.get('repeats', 1)} worker processes per library and capacity, "
+        "run in interleaved rounds.",
         "",
         "## Summary",
         "",
