@@ -140,6 +140,7 @@ def _fill(
         rows = proto.native_rows(make_chunk(rng, k))
         inputs.append(rows)
         gc.collect()
+        gc.freeze()  # the prepared rows are not the library's garbage: keep them out of GC passes
         rss0 = rss_bytes()
         t0 = clock()
         ad = cls(capacity, alpha, beta, seed)
@@ -152,6 +153,7 @@ def _fill(
         # The first add may allocate the whole storage: count it once, extrapolate the rest.
         steady = per_add[1:].mean() if k > 1 else per_add[0]
         est_ns = float(init_ns + per_add[0] + steady * (capacity - 1))
+        gc.unfreeze()
         t_rest = time.perf_counter()
         how = ad.fill_rest(lambda m: make_chunk(rng, m), capacity - k)
         rest_s = time.perf_counter() - t_rest

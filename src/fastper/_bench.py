@@ -100,10 +100,17 @@ def run(
     fill = np.asarray(fills)
     one = {k: v[0] for k, v in chunk.items()}
     single = _time(lambda: buf.add(one), calls)
-    batch = buf.sample(batch_size)
     td = rng.standard_normal(batch_size)
     sample = _time(lambda: buf.sample(batch_size), calls)
-    update = _time(lambda: buf.update_priorities(batch.indices, td, keys=batch.keys), calls)
+    # each update gets the indices of its own fresh sample, as in training
+    # (updating one batch over and over would time a cache-resident tree)
+    batches = iter([buf.sample(batch_size) for _ in range(calls + 20)])
+
+    def update_once() -> None:
+        b = next(batches)
+        buf.update_priorities(b.indices, td, keys=b.keys)
+
+    update = _time(update_once, calls)
 
     def step() -> None:
         b = buf.sample(batch_size)
