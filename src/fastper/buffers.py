@@ -362,13 +362,18 @@ class _Buffer:
     def _write(
         self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
     ) -> np.ndarray:
+        start = self._storage.cursor
         slots = self._storage.commit(prepared, k)
         self._added += k
         if p is None:
-            p = np.full(k, self._max_priority)
+            # new transitions: one priority for a contiguous run (two if it wraps)
+            first = min(k, self._capacity - start)
+            self._sampler.write_run(start, first, self._max_priority)
+            if first < k:
+                self._sampler.write_run(0, k - first, self._max_priority)
         else:
             self._max_priority = max(self._max_priority, float(p.max()))
-        self._sampler.write(slots, p)
+            self._sampler.write(slots, p)
         return slots
 
     # -- sample ----------------------------------------------------------------

@@ -55,6 +55,11 @@ class Sampler:
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
         _tk.write_leaves(self.raw, slots, p)
 
+    def write_run(self, start: int, count: int, p: float) -> None:
+        """Give slots ``start .. start+count-1`` (no wrap) priority ``p``."""
+        slots = np.arange(start, start + count, dtype=np.int64)
+        self.write(slots, np.full(count, p))
+
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
 
@@ -126,6 +131,12 @@ class ProportionalSampler(Sampler):
         _tk.prop_write(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
             slots, p, self.alpha, self._scratch,
+        )  # fmt: skip
+
+    def write_run(self, start: int, count: int, p: float) -> None:
+        _tk.prop_write_run(
+            self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+            start, count, p, self.alpha,
         )  # fmt: skip
 
     def set_alpha(self, alpha: float, n: int) -> None:

@@ -97,7 +97,7 @@ def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     """Copy of ``arr`` in ``dtype``; raises where the cast could change a value."""
     src = arr.dtype
     if src == dtype:
-        return np.array(arr, copy=True)
+        return arr  # commit() copies it into the column
     if src.kind not in "biuf":
         raise FieldTypeError(f"field `{name}` must hold numbers, got dtype={src}")
     if dtype.kind == "b":

@@ -231,7 +231,9 @@ def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - co
 
 
 @njit(cache=True, nogil=True)
-def prop_write(raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch):  # pragma: no cover
+def prop_write(
+    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch
+):  # pragma: no cover
     """Set raw priorities ``p`` and leaves ``p ** alpha``; last duplicate wins.
 
     The min tree shares the sum tree's leaves and skips zeros: a zero-priority
@@ -253,6 +255,30 @@ def prop_write(raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scra
         leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
     sum_fix_paths(leaves, sinner, offs, depth, indices, scratch)
     min_fix_paths(leaves, minner, offs, depth, indices, scratch, True)
+
+
+@njit(cache=True, nogil=True)
+def prop_write_run(
+    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha
+):  # pragma: no cover
+    """Give the ``count`` slots from ``start`` (no wrap) the same priority ``p``.
+
+    What ``add`` does with new transitions: one pow, sequential writes, and
+    each level recomputes only the contiguous range of parents above the run.
+    Same result as :func:`prop_write` with those slots.
+    """
+    leaf = p**alpha if p > 0.0 else 0.0
+    for i in range(start, start + count):
+        raw[i] = p
+        leaves[i] = leaf
+    lo = start
+    hi = start + count - 1
+    for level in range(1, depth + 1):
+        lo //= K
+        hi //= K
+        for j in range(lo, hi + 1):
+            _sum_node(leaves, sinner, offs, level, j)
+            _min_node(leaves, minner, offs, level, j, True)
 
 
 @njit(cache=True, nogil=True)
