@@ -100,8 +100,7 @@ class Adapter(ABC):
     @classmethod
     def import_library(cls) -> None:
         """Import the library (and its compiled parts); raises if it is unusable."""
-        for dist in cls.distributions[:1]:
-            importlib.import_module(dist)
+        importlib.import_module(cls.distributions[0])
 
     @classmethod
     def versions(cls) -> dict[str, str]:

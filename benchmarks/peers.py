@@ -7,10 +7,11 @@ Usage:
 Every library is measured at every capacity in its own fresh process (this
 script in worker mode, ``--worker LIB``), one process at a time, in ``--repeats``
 rounds that go through all libraries in turn (so that a slow spell of a shared
-machine does not hit one library only); the peers are imported only there. Each worker first checks its library on a small case with
-known priorities, then fills a buffer (proportional PER, alpha 0.6, beta 0.4,
-a CartPole-like transition of 48 bytes) and times fill, sample, update and the
-learner step (sample + update). This process collects the results and writes
+machine does not hit one library only); the peers are imported only there.
+Each worker first checks its library on a small case with known priorities,
+then fills a buffer (proportional PER, alpha 0.6, beta 0.4, a CartPole-like
+transition of 48 bytes) and times fill, sample, update and the learner step
+(sample + update). This process collects the results and writes
 ``peers.csv``, ``peers.md`` and ``peers.png`` to ``--out``, plus the time to
 first sample of a fresh ``python -c "import fastper; ..."`` with numba's cache
 warm and cold.
@@ -142,14 +143,14 @@ def run_worker(lib: str, capacity: int, a: argparse.Namespace) -> dict[str, Any]
             why = f"worker exited with status {proc.returncode}"
         except subprocess.TimeoutExpired as exc:
             stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-            failed, why = True, f"worker timed out after {a.timeout:.0f} s"
+            failed, why = True, f"worker timed out after {a.timeout:g} s"
         if failed:
             tail = " | ".join(stderr.strip().splitlines()[-3:])
             return {
                 "lib": lib,
                 "capacity": capacity,
                 "available": True,
-                "error": f"{why}: {tail}",
+                "error": f"{why}: {tail}" if tail else why,
                 "rows": [],
                 "process_s": time.perf_counter() - t0,
             }

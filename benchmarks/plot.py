@@ -61,7 +61,8 @@ def plot(results: list[dict[str, Any]], path: Path, batch: int = 256) -> None:
         ax.set_xlabel("capacity N")
         ax.set_ylabel(unit)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     notes = flat[-1]
     notes.axis("off")
     lines = ["Libraries not measured:"]

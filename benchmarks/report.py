@@ -83,8 +83,16 @@ def machine_info() -> dict[str, str]:
 
 
 def versions() -> dict[str, str]:
-    """Installed versions of every library involved (read from metadata, not imported)."""
-    return {d: dist_version(d) for d in VERSION_DISTS}
+    """Installed versions of every library involved (read from metadata, not imported).
+
+    Also the git commit of this checkout (``-dirty`` when it has local changes), since
+    an editable fastper install runs whatever the working tree holds.
+    """
+    out = {d: dist_version(d) for d in VERSION_DISTS}
+    root = Path(__file__).resolve().parent.parent
+    commit = _run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"])
+    out["fastper checkout (git)"] = commit.strip() or "unknown"
+    return out
 
 
 def pow2(n: int) -> str:
@@ -194,12 +202,19 @@ def summary_tables(results: list[dict[str, Any]], batch: int) -> list[str]:
     peers = [lib for lib in libs if lib != "fastper"]
     caps = sorted({r["capacity"] for r in results})
     wanted = [c for c in caps if c in (2**20, 2**22)] or caps[-1:]
+    failed = {
+        r["lib"]
+        for r in results
+        for c in (r.get("checks") or ([r["check"]] if r.get("check") else []))
+        if not c.get("ok")
+    }
+    heads = [lib + (" (CHECK FAILED)" if lib in failed else "") for lib in libs]
     lines: list[str] = []
     for cap in wanted:
         lines += [
             f"### N = {pow2(cap)}, B = {batch}",
             "",
-            "| op | " + " | ".join(libs) + " | fastest peer | fastest peer / fastper |",
+            "| op | " + " | ".join(heads) + " | fastest peer | fastest peer / fastper |",
             "|---|" + "---:|" * len(libs) + "---|---:|",
         ]
         for op, label in SUMMARY_OPS:
@@ -227,8 +242,8 @@ def summary_tables(results: list[dict[str, Any]], batch: int) -> list[str]:
 
 def _library_table(results: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| library | version | status | correctness check (8 slots, p = 1..8) | IS weight max over |"
-        " notes |",
+        "| library | version | status | correctness check (8 slots, p = 1..8) "
+        "| IS weight max over | notes |",
         "|---|---|---|---|---|---|",
     ]
     for lib, cls in ADAPTERS.items():
@@ -279,7 +294,7 @@ def _op_tables(results: list[dict[str, Any]]) -> list[str]:
     libs = [lib for lib in ADAPTERS if any(k[0] == lib for k in idx)]
     titles = {
         "sample": "sample: B indices + IS weights + 5 fields gathered",
-        "update": "update: B priorities, indices of an earlier sample",
+        "update": "update: B priorities, on the indices of a fresh sample each call",
         "learner_step": "learner step: sample + update",
     }
     lines: list[str] = []
@@ -432,7 +447,7 @@ def write_markdown(
         "else is timed.",
         "- sample: B draws with replacement; indices, IS weights and all five fields gathered "
         "(numpy arrays or torch tensors, as the library returns them).",
-        "- update: B random |td| on the indices of one earlier sample (8 |td| arrays cycled).",
+        "- update: B random |td| on the indices of a different, earlier drawn sample each call (8 |td| arrays cycled).",
         "- learner step: sample, then update its indices.",
         "- memory: RSS of the worker after build + fill minus RSS before, divided by N.",
         "- Inputs are converted to each library's native form (dict of arrays, TensorDict, "

@@ -8,6 +8,7 @@ batch size. It returns a JSON-able dict; `peers.py --worker` writes it to a file
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import os
@@ -42,7 +43,16 @@ class Row:
 
 
 def rss_bytes() -> int:
-    """Resident set size of this process now (Linux /proc; else peak RSS)."""
+    """Resident set size of this process now (Linux /proc; else peak RSS).
+
+    Freed heap memory is handed back to the OS first (glibc ``malloc_trim``, where
+    available), so that what a fill path allocated and freed is not counted.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -106,7 +116,6 @@ def _fill(
         rem = capacity % FILL_BATCH
         last = proto.native_batch({k: v[:rem] for k, v in chunk.items()}) if rem else None
         inputs += [full, last]
-        gc.collect()
         rss0 = rss_bytes()
         t0 = clock()
         ad = cls(capacity, alpha, beta, seed)
@@ -139,7 +148,7 @@ def _fill(
         k = min(prefix, capacity)
         rows = proto.native_rows(make_chunk(rng, k))
         inputs.append(rows)
-        gc.collect()
+        gc.collect()  # before freezing: the rows (and nothing collectable) go to the frozen set
         gc.freeze()  # the prepared rows are not the library's garbage: keep them out of GC passes
         rss0 = rss_bytes()
         t0 = clock()
@@ -174,7 +183,6 @@ def _fill(
         )
     if len(ad) != capacity:
         raise RuntimeError(f"{cls.name}: buffer holds {len(ad)} after filling {capacity}")
-    gc.collect()
     added = rss_bytes() - rss0
     inputs.clear()
     return ad, row, added / capacity
@@ -201,10 +209,13 @@ def _time_ops(
 
         rows.append(summary("sample", b, time_calls(sample, calls, warmup)))
 
-        s0 = ad.sample(b)
+        # Each timed update gets the indices of its own, fresh sample, as in
+        # training: updating one batch over and over would time a tree whose
+        # paths stay in cache.
+        fresh = iter([ad.sample(b) for _ in range(calls + warmup)])
 
-        def update(s0: Any = s0, tds: list[Any] = tds) -> None:
-            ad.update(s0, tds[next(turn) % N_TD])
+        def update(fresh: Any = fresh, tds: list[Any] = tds) -> None:
+            ad.update(next(fresh), tds[next(turn) % N_TD])
 
         rows.append(summary("update", b, time_calls(update, calls, warmup)))
 

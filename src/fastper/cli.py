@@ -4,14 +4,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 
 
+def _peers_script() -> Path | None:
+    """benchmarks/peers.py of the source checkout this package runs from, if any."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"
+    return script if script.is_file() else None
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import _bench
+
+    if args.peers:
+        script = _peers_script()
+        if script is None:
+            print(
+                "fastper bench --peers: the peer benchmark lives in the source checkout "
+                "(benchmarks/peers.py); install fastper from a clone with "
+                "`pip install -e '.[bench]'` and run it there",
+                file=sys.stderr,
+            )
+            return 2
+        cmd = [sys.executable, str(script), *args.peer_args]
+        return subprocess.call(cmd, cwd=script.parent.parent)
 
     timings = _bench.run(args.capacity, args.batch_size, args.kind, args.calls, args.seed)
     print(_bench.format_table(timings, args.capacity, args.kind))
@@ -73,6 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--calls", type=int, default=300, help="timed calls per op (default 300)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="run the side-by-side benchmark against cpprb / Tianshou / TorchRL "
+        "(benchmarks/peers.py; needs a source checkout and the `bench` extra)",
+    )
+    bench.add_argument(
+        "peer_args",
+        nargs=argparse.REMAINDER,
+        help="with --peers: arguments for benchmarks/peers.py (e.g. --quick)",
+    )
     bench.set_defaults(func=_bench)
     insp = sub.add_parser("inspect", help="print a checkpoint's metadata without loading its data")
     insp.add_argument("checkpoint", help="path to a checkpoint written by buffer.save")
