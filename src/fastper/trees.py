@@ -108,7 +108,7 @@ class SumTree(_Tree):
         """
         idx, vals = self._checked(indices, values)
         _k.write_leaves(self._leaves, idx, vals)
-        _k.sum_fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch)
+        _k.fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, _k.SUM)
 
     @property
     def total(self) -> float:
@@ -147,7 +147,7 @@ class SumTree(_Tree):
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.sum_rebuild(self._leaves, self._inner, self._offs, self._depth)
+        _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.SUM)
 
     def fsum(self) -> float:
         """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""
@@ -172,9 +172,7 @@ class MinTree(_Tree):
         """
         idx, vals = self._checked(indices, values)
         _k.write_leaves(self._leaves, idx, vals)
-        _k.min_fix_paths(
-            self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, False
-        )
+        _k.fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, _k.MIN)
 
     @property
     def min(self) -> float:
@@ -183,4 +181,4 @@ class MinTree(_Tree):
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.min_rebuild(self._leaves, self._inner, self._offs, self._depth, False)
+        _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.MIN)

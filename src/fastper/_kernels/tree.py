@@ -62,46 +62,84 @@ def layout(capacity: int) -> tuple[int, np.ndarray, int]:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _sum8(a, base):  # pragma: no cover - compiled
+    """Pairwise sum of ``a[base:base+8]``, always in the same order.
+
+    A running ``acc += x`` chain would put 8 dependent adds (about 32 cycles)
+    on every node of every update; the pairwise tree is 3 adds deep and no less
+    exact.
+    """
+    return ((a[base] + a[base + 1]) + (a[base + 2] + a[base + 3])) + (
+        (a[base + 4] + a[base + 5]) + (a[base + 6] + a[base + 7])
+    )
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _min2(x, y):  # pragma: no cover - compiled
+    return x if x < y else y
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pos(x):  # pragma: no cover - compiled
+    """A zero leaf counts as ``+inf`` in the buffer's min tree (never sampled)."""
+    return x if x > 0.0 else np.inf
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _sum_node(leaves, inner, offs, level, j):  # pragma: no cover - compiled
-    base = K * j
-    acc = 0.0
     if level == 1:
-        for c in range(K):
-            acc += leaves[base + c]
+        inner[offs[1] + j] = _sum8(leaves, K * j)
     else:
-        base += offs[level - 1]
-        for c in range(K):
-            acc += inner[base + c]
-    inner[offs[level] + j] = acc
+        inner[offs[level] + j] = _sum8(inner, offs[level - 1] + K * j)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _min_node(leaves, inner, offs, level, j, skip_zero):  # pragma: no cover - compiled
-    """Min of the 8 children; with ``skip_zero`` a zero leaf counts as ``inf``."""
-    base = K * j
-    m = np.inf
+    """Min of the 8 children (pairwise); with ``skip_zero`` a zero leaf counts as ``inf``."""
     if level == 1:
-        for c in range(K):
-            v = leaves[base + c]
-            if skip_zero and v == 0.0:
-                continue
-            if v < m:
-                m = v
+        b = K * j
+        if skip_zero:
+            m = _min2(
+                _min2(_min2(_pos(leaves[b]), _pos(leaves[b + 1])),
+                      _min2(_pos(leaves[b + 2]), _pos(leaves[b + 3]))),
+                _min2(_min2(_pos(leaves[b + 4]), _pos(leaves[b + 5])),
+                      _min2(_pos(leaves[b + 6]), _pos(leaves[b + 7]))),
+            )  # fmt: skip
+        else:
+            m = _min2(
+                _min2(_min2(leaves[b], leaves[b + 1]), _min2(leaves[b + 2], leaves[b + 3])),
+                _min2(_min2(leaves[b + 4], leaves[b + 5]), _min2(leaves[b + 6], leaves[b + 7])),
+            )
     else:
-        base += offs[level - 1]
-        for c in range(K):
-            v = inner[base + c]
-            if v < m:
-                m = v
+        b = offs[level - 1] + K * j
+        m = _min2(
+            _min2(_min2(inner[b], inner[b + 1]), _min2(inner[b + 2], inner[b + 3])),
+            _min2(_min2(inner[b + 4], inner[b + 5]), _min2(inner[b + 6], inner[b + 7])),
+        )
     inner[offs[level] + j] = m
 
 
+SUM, MIN, MIN_POSITIVE = 0, 1, 2  # what fix_paths / rebuild compute per node
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _node(leaves, inner, offs, level, j, mode):  # pragma: no cover - compiled
+    if mode == SUM:
+        _sum_node(leaves, inner, offs, level, j)
+    else:
+        _min_node(leaves, inner, offs, level, j, mode == MIN_POSITIVE)
+
+
 @njit(cache=True, nogil=True)
-def sum_fix_paths(leaves, inner, offs, depth, indices, scratch):  # pragma: no cover - compiled
+def fix_paths(leaves, inner, offs, depth, indices, scratch, mode):  # pragma: no cover - compiled
     """Recompute every ancestor of ``indices``' leaves, one level at a time.
 
+    ``mode``: SUM, MIN, or MIN_POSITIVE (zero leaves count as ``inf``).
     ``scratch`` is an int64 array at least as long as ``indices``. Runs of
-    equal parents (sorted or contiguous indices) are recomputed once.
+    equal parents (sorted or contiguous indices) are recomputed once. Each
+    item prefetches what the item 12 places later will read and write: with
+    random slots in a large tree those lines miss the cache (measured at
+    N = 2^20, B = 256: the pass takes about 0.7x the time without it).
     """
     b = indices.shape[0]
     for k in range(b):
@@ -109,50 +147,32 @@ def sum_fix_paths(leaves, inner, offs, depth, indices, scratch):  # pragma: no c
     for level in range(1, depth + 1):
         prev = -1
         for k in range(b):
+            if k + 12 < b:
+                ahead = scratch[k + 12] // K
+                if level == 1:
+                    prefetch(leaves, K * ahead)
+                else:
+                    prefetch(inner, offs[level - 1] + K * ahead)
+                prefetch(inner, offs[level] + ahead)
             j = scratch[k] // K
             scratch[k] = j
             if j != prev:
-                _sum_node(leaves, inner, offs, level, j)
+                _node(leaves, inner, offs, level, j, mode)
                 prev = j
 
 
 @njit(cache=True, nogil=True)
-def min_fix_paths(leaves, inner, offs, depth, indices, scratch, skip_zero):  # pragma: no cover
-    b = indices.shape[0]
-    for k in range(b):
-        scratch[k] = indices[k]
-    for level in range(1, depth + 1):
-        prev = -1
-        for k in range(b):
-            j = scratch[k] // K
-            scratch[k] = j
-            if j != prev:
-                _min_node(leaves, inner, offs, level, j, skip_zero)
-                prev = j
-
-
-@njit(cache=True, nogil=True)
-def sum_rebuild(leaves, inner, offs, depth):  # pragma: no cover - compiled
+def rebuild(leaves, inner, offs, depth, mode):  # pragma: no cover - compiled
+    """Recompute every internal node from the leaves; padding nodes get the identity."""
+    empty = 0.0 if mode == SUM else np.inf
     for level in range(1, depth + 1):
         for j in range(offs[level + 1] - offs[level]):
             if level == 1 and K * j >= leaves.shape[0]:
-                inner[offs[level] + j] = 0.0
+                inner[offs[level] + j] = empty
             elif level > 1 and offs[level - 1] + K * j >= offs[level]:
-                inner[offs[level] + j] = 0.0
+                inner[offs[level] + j] = empty
             else:
-                _sum_node(leaves, inner, offs, level, j)
-
-
-@njit(cache=True, nogil=True)
-def min_rebuild(leaves, inner, offs, depth, skip_zero):  # pragma: no cover - compiled
-    for level in range(1, depth + 1):
-        for j in range(offs[level + 1] - offs[level]):
-            if level == 1 and K * j >= leaves.shape[0]:
-                inner[offs[level] + j] = np.inf
-            elif level > 1 and offs[level - 1] + K * j >= offs[level]:
-                inner[offs[level] + j] = np.inf
-            else:
-                _min_node(leaves, inner, offs, level, j, skip_zero)
+                _node(leaves, inner, offs, level, j, mode)
 
 
 # ---------------------------------------------------------------------------
@@ -253,8 +273,8 @@ def prop_write(
         i = indices[k]
         raw[i] = p[k]
         leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
-    sum_fix_paths(leaves, sinner, offs, depth, indices, scratch)
-    min_fix_paths(leaves, minner, offs, depth, indices, scratch, True)
+    fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
+    fix_paths(leaves, minner, offs, depth, indices, scratch, MIN_POSITIVE)
 
 
 @njit(cache=True, nogil=True)
@@ -286,8 +306,8 @@ def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha):  # pragma:
     """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
     for i in range(n):
         leaves[i] = raw[i] ** alpha if raw[i] > 0.0 else 0.0
-    sum_rebuild(leaves, sinner, offs, depth)
-    min_rebuild(leaves, minner, offs, depth, True)
+    rebuild(leaves, sinner, offs, depth, SUM)
+    rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
 
 
 @njit(cache=True, nogil=True)
