@@ -107,6 +107,9 @@ _NO_KEYS = np.empty(0, dtype=np.int64)
 
 def _as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
     """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later."""
+    dtype = np.int64 if kinds == "iu" else np.float64
+    if type(value) is np.ndarray and value.dtype == dtype and value.ndim == 1:
+        return value  # the common case: arrays straight from a SampleBatch
     arr = to_numpy(value)
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -115,7 +118,6 @@ def _as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
     if arr.dtype.kind not in kinds and arr.size:
         what = "integers" if kinds == "iu" else "real numbers"
         raise TypeError(f"`{name}` must hold {what}, got {name} with dtype {arr.dtype}")
-    dtype = np.int64 if kinds == "iu" else np.float64
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -450,21 +452,16 @@ class _Buffer:
                     f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
                     f"got {name} with {arr.shape[0]}"
                 )
-        b = idx.shape[0]
-        out_idx = np.empty(b, dtype=np.int64)
-        out_p = np.empty(b, dtype=np.float64)
         status = np.zeros(4, dtype=np.int64)
-        pmax = _tk.td_priorities(
-            idx, td, key_arr, use_keys, self._eps, self._clip_value, self._sampler.alpha,
-            self._sampler.log_limit, len(self), self._key_base, self._added, self._capacity,
-            out_idx, out_p, status,
+        pmax = self._sampler.update_from_td(
+            idx, td, key_arr, use_keys, self._eps, self._clip_value, len(self),
+            self._key_base, self._added, status,
         )  # fmt: skip
         if status[0]:
             self._raise_update_error(int(status[0]), idx, td, key_arr)
         kept = int(status[2])
         if kept:
-            self._sampler.write(out_idx[:kept], out_p[:kept])
-            self._max_priority = max(self._max_priority, float(pmax))
+            self._max_priority = max(self._max_priority, pmax)
         self._stale_updates += int(status[3])
         return kept
 

@@ -55,6 +55,24 @@ class Sampler:
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
         _tk.write_leaves(self.raw, slots, p)
 
+    def update_from_td(
+        self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
+        clip: float, size: int, key_base: int, added: int, status: np.ndarray,
+    ) -> float:  # fmt: skip
+        """Validate an update, drop stale entries, write the rest (see
+        :func:`fastper._kernels.tree.td_priorities` for ``status``); returns
+        the largest priority written."""
+        b = idx.shape[0]
+        out_idx = np.empty(b, dtype=np.int64)
+        out_p = np.empty(b, dtype=np.float64)
+        pmax = _tk.td_priorities(
+            idx, td, keys, use_keys, eps, clip, self.alpha, self.log_limit, size, key_base,
+            added, self.capacity, out_idx, out_p, status,
+        )  # fmt: skip
+        if status[0] == 0 and status[2]:
+            self.write(out_idx[: status[2]], out_p[: status[2]])
+        return float(pmax)
+
     def write_run(self, start: int, count: int, p: float) -> None:
         """Give slots ``start .. start+count-1`` (no wrap) priority ``p``."""
         slots = np.arange(start, start + count, dtype=np.int64)
@@ -131,6 +149,22 @@ class ProportionalSampler(Sampler):
         _tk.prop_write(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
             slots, p, self.alpha, self._scratch,
+        )  # fmt: skip
+
+    def update_from_td(
+        self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
+        clip: float, size: int, key_base: int, added: int, status: np.ndarray,
+    ) -> float:  # fmt: skip
+        b = idx.shape[0]
+        if self._scratch.shape[0] < 2 * b:
+            self._scratch = np.empty(2 * b, dtype=np.int64)
+        out_p = np.empty(b, dtype=np.float64)
+        return float(
+            _tk.prop_update(
+                self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                idx, td, keys, use_keys, eps, clip, self.alpha, self.log_limit, size,
+                key_base, added, self.capacity, out_p, self._scratch, status,
+            )
         )  # fmt: skip
 
     def write_run(self, start: int, count: int, p: float) -> None:

@@ -391,6 +391,71 @@ def td_priorities(
 
 
 @njit(cache=True, nogil=True)
+def prop_update(
+    raw,
+    leaves,
+    sinner,
+    minner,
+    offs,
+    depth,
+    indices,
+    td,
+    keys,
+    use_keys,
+    eps,
+    clip,
+    alpha,
+    log_limit,
+    size,
+    key_base,
+    added,
+    capacity,
+    out_p,
+    scratch,
+    status,
+):  # pragma: no cover - compiled
+    """:func:`td_priorities` then :func:`prop_write` in one call (one dispatch).
+
+    ``scratch`` holds at least ``2 * len(indices)`` int64: the kept slots,
+    then the search scratch.
+    """
+    b = indices.shape[0]
+    kept_idx = scratch[:b]
+    pmax = td_priorities(
+        indices,
+        td,
+        keys,
+        use_keys,
+        eps,
+        clip,
+        alpha,
+        log_limit,
+        size,
+        key_base,
+        added,
+        capacity,
+        kept_idx,
+        out_p,
+        status,
+    )
+    kept = status[2]
+    if status[0] == 0 and kept > 0:
+        prop_write(
+            raw,
+            leaves,
+            sinner,
+            minner,
+            offs,
+            depth,
+            kept_idx[:kept],
+            out_p[:kept],
+            alpha,
+            scratch[b:],
+        )
+    return pmax
+
+
+@njit(cache=True, nogil=True)
 def prop_sample(
     leaves,
     sinner,
