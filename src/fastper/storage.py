@@ -87,12 +87,6 @@ def make_fields(fields: Mapping[str, FieldLike]) -> dict[str, Field]:
     return out
 
 
-def fields_from_dict(raw: Mapping[str, Any]) -> dict[str, Field]:
-    return make_fields(
-        {k: {"shape": tuple(v["shape"]), "dtype": v["dtype"]} for k, v in raw.items()}
-    )
-
-
 def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     """Copy of ``arr`` in ``dtype``; raises where the cast could change a value."""
     src = arr.dtype

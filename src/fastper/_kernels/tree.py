@@ -310,6 +310,12 @@ def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha):  # pragma:
     rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _slot_key(s, key_base, since_clear, capacity):  # pragma: no cover - compiled
+    """Key of slot ``s``'s occupant after ``since_clear`` adds since the last clear."""
+    return key_base + s + capacity * ((since_clear - 1 - s) // capacity)
+
+
 @njit(cache=True, nogil=True)
 def slot_keys(indices, key_base, added, capacity, out):  # pragma: no cover - compiled
     """Key (insertion counter) of the occupant of each slot.
@@ -319,8 +325,7 @@ def slot_keys(indices, key_base, added, capacity, out):  # pragma: no cover - co
     """
     t = added - key_base
     for k in range(indices.shape[0]):
-        s = indices[k]
-        out[k] = key_base + s + capacity * ((t - 1 - s) // capacity)
+        out[k] = _slot_key(indices[k], key_base, t, capacity)
 
 
 @njit(cache=True, nogil=True)
@@ -377,7 +382,7 @@ def td_priorities(
     pmax = 0.0
     for k in range(b):
         i = indices[k]
-        if use_keys and keys[k] != key_base + i + capacity * ((t - 1 - i) // capacity):
+        if use_keys and keys[k] != _slot_key(i, key_base, t, capacity):
             status[3] += 1
             continue
         p = min(abs(td[k]), clip) + eps
