@@ -495,7 +495,7 @@ class _Buffer:
             self._nstep.clear()
 
     def nbytes(self) -> dict[str, int]:
-        """Memory held: ``data`` (storage), ``index`` (priorities, trees, keys)."""
+        """Memory held: ``data`` (storage), ``index`` (raw priorities and trees; keys are derived, not stored)."""
         data = sum(c.nbytes for c in self._storage.columns.values())
         index = sum(a.nbytes for a in vars(self._sampler).values() if isinstance(a, np.ndarray))
         return {"data": int(data), "index": int(index)}

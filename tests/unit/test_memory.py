@@ -1,0 +1,17 @@
+"""Index memory stays within the budget of issue #3 (<= 24 bytes per slot)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastper
+
+
+@pytest.mark.parametrize("capacity", [1000, 2**16, 2**16 + 3])
+def test_proportional_index_bytes_per_slot(capacity: int) -> None:
+    buf = fastper.PrioritizedReplayBuffer(capacity, {"obs": ((4,), np.float32)})
+    sizes = buf.nbytes()
+    assert sizes["data"] == 16 * capacity
+    # raw priorities (8) + sum-tree leaves (8) + inner nodes of both trees (~2.3)
+    assert sizes["index"] / capacity <= 24.0, sizes["index"] / capacity
