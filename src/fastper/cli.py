@@ -1,4 +1,4 @@
-"""The ``fastper`` command: ``bench`` and ``inspect``."""
+"""The ``fastper`` command: ``bench``, ``inspect``, ``train``, ``plot``, ``compare``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 
@@ -75,6 +76,75 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agents_missing(cmd: str, exc: ImportError) -> int:
+    print(f"fastper {cmd}: {exc} (pip install 'fastper[agents]')", file=sys.stderr)
+    return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    try:
+        from .agents.runner import config_class, parse_overrides, train_many
+
+        cls = config_class(args.algo)
+    except ImportError as exc:
+        return _agents_missing("train", exc)
+    try:
+        overrides = parse_overrides(cls, args.set)
+    except ValueError as exc:
+        print(f"fastper train: {exc}", file=sys.stderr)
+        return 2
+    seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
+    env = args.env or cls().env_id
+    try:
+        results = train_many(
+            args.algo, env, args.replay, seeds, args.steps, args.out,
+            overrides=overrides, workers=args.workers, progress=not args.quiet,
+        )  # fmt: skip
+    except (ValueError, TypeError) as exc:
+        print(f"fastper train: {exc}", file=sys.stderr)
+        return 2
+    print(f"runs written under {args.out}:")
+    for replay, seed, last, episodes, wall in results:
+        print(f"  {args.algo} {replay:<8} seed {seed:<3} last-10 return {last:9.2f}  "
+              f"{episodes:5d} episodes  {wall:6.0f} s")  # fmt: skip
+    return 0
+
+
+def _load_groups(cmd: str, dirs: Sequence[str]) -> Any:
+    from .agents.analysis import find_runs, group_runs
+
+    try:
+        return group_runs(find_runs(dirs))
+    except ValueError as exc:
+        print(f"fastper {cmd}: {exc}", file=sys.stderr)
+        return None
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .agents.analysis import plot
+
+    groups = _load_groups("plot", args.dirs)
+    if groups is None:
+        return 1
+    try:
+        out = plot(groups, args.output, args.window, args.title)
+    except ImportError as exc:
+        print(f"fastper plot: needs matplotlib ({exc}): pip install matplotlib", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .agents.analysis import compare_table
+
+    groups = _load_groups("compare", args.dirs)
+    if groups is None:
+        return 1
+    print(compare_table(groups, args.threshold, args.window))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastper", description="Fast, exact prioritized experience replay."
@@ -111,6 +181,58 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--verify", action="store_true", help="also verify the whole-file checksum")
     insp.add_argument("--json", action="store_true", help="print the raw header as JSON")
     insp.set_defaults(func=_inspect)
+
+    train = sub.add_parser(
+        "train",
+        help="train a reference agent (Double DQN or SAC) with some replay schemes and seeds",
+        description="Train Double DQN or SAC; each (replay, seed) run writes "
+        "OUT/<algo>-<env>-<replay>/seed-<k>/{config.json,episodes.csv} "
+        "(and TensorBoard logs if tensorboard is installed). Needs the `agents` extra.",
+    )
+    train.add_argument("algo", choices=["dqn", "sac"])
+    train.add_argument("--env", default=None, help="Gymnasium id (default CartPole-v1 / Pendulum-v1)")
+    train.add_argument(
+        "--replay", nargs="+", choices=["uniform", "per", "rank"], default=["per"],
+        help="replay scheme(s): uniform, per (proportional), rank (default per)",
+    )  # fmt: skip
+    train.add_argument("--seeds", type=int, default=1, help="number of seeds per scheme (default 1)")
+    train.add_argument("--seed-offset", type=int, default=0, help="first seed (default 0)")
+    train.add_argument("--steps", type=int, default=None, help="environment steps per run")
+    train.add_argument("--out", default="runs", help="output directory (default ./runs)")
+    train.add_argument(
+        "--workers", type=int, default=1,
+        help="processes running seeds in parallel (default 1: one after another)",
+    )  # fmt: skip
+    train.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE",
+        help="override a hyperparameter, e.g. --set lr=5e-4 --set 'hidden=(64,64)'",
+    )  # fmt: skip
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.set_defaults(func=_train)
+
+    plot = sub.add_parser(
+        "plot", help="learning curves: mean and 95%% CI across seeds, one line per scheme"
+    )
+    plot.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
+    plot.add_argument("-o", "--output", default="curve.png", help="image file (default curve.png)")
+    plot.add_argument("--window", type=int, default=20, help="episodes averaged per point (default 20)")
+    plot.add_argument("--title", default=None)
+    plot.set_defaults(func=_plot)
+
+    comp = sub.add_parser(
+        "compare",
+        help="table of final return, area under the curve and steps to threshold, with CIs",
+    )
+    comp.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
+    comp.add_argument(
+        "--threshold", type=float, default=None,
+        help="return threshold (default: the environment's reward_threshold, e.g. 475 for CartPole-v1)",
+    )  # fmt: skip
+    comp.add_argument(
+        "--window", type=int, default=20,
+        help="episodes in the moving average for curves and the threshold (default 20)",
+    )  # fmt: skip
+    comp.set_defaults(func=_compare)
     return parser
 
 

@@ -1,0 +1,174 @@
+"""Pieces the reference agents share: replay construction, logging, progress.
+
+Nothing here imports torch; the agents do.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import schedules
+from ..buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, _Buffer
+from ..storage import FieldLike
+
+REPLAYS = ("uniform", "per", "rank")
+EPISODES_CSV = "episodes.csv"
+CONFIG_JSON = "config.json"
+
+
+def make_replay(
+    replay: str,
+    capacity: int,
+    fields: Mapping[str, FieldLike],
+    *,
+    alpha: float | None,
+    beta0: float | None,
+    anneal_samples: int,
+    n_step: int = 1,
+    gamma: float = 0.99,
+    eps: float = 1e-6,
+    seed: int | None = None,
+) -> _Buffer:
+    """A replay buffer of kind ``replay`` ("uniform", "per" or "rank").
+
+    ``alpha`` / ``beta0`` default to the paper's choices for the kind
+    (proportional 0.6 / 0.4, rank-based 0.7 / 0.5); beta rises linearly from
+    ``beta0`` to 1 over ``anneal_samples`` calls to ``sample`` and stays at 1.
+    """
+    if replay not in REPLAYS:
+        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={replay!r}")
+    common: dict[str, Any] = {"n_step": n_step, "gamma": gamma, "seed": seed, "eps": eps}
+    if replay == "uniform":
+        return ReplayBuffer(capacity, fields, **common)
+    cls: type[_Buffer] = PrioritizedReplayBuffer if replay == "per" else RankBasedReplayBuffer
+    a = cls._default_alpha if alpha is None else alpha
+    b0 = cls._default_beta if beta0 is None else beta0
+    beta = schedules.linear(b0, 1.0, max(1, int(anneal_samples)))
+    return cls(capacity, fields, alpha=a, beta=beta, **common)
+
+
+@dataclass
+class RunResult:
+    """What one training run produced.
+
+    Attributes:
+        steps: environment steps taken.
+        episode_end_steps: the step count at the end of each episode.
+        returns: each episode's undiscounted return.
+        wall_s: wall-clock seconds of the run.
+        out_dir: where its files went, if anywhere.
+    """
+
+    steps: int
+    episode_end_steps: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    out_dir: str | None = None
+
+
+class RunLogger:
+    """Writes ``config.json`` and ``episodes.csv`` (and TensorBoard if present).
+
+    ``episodes.csv`` has one row per finished episode: ``step`` (environment
+    steps so far), ``episode``, ``return``, ``length``, ``wall_s``.
+    """
+
+    def __init__(self, out_dir: str | Path | None, config: Any, meta: Mapping[str, Any]) -> None:
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        self._t0 = time.perf_counter()
+        self._file = None
+        self._writer: Any = None
+        self._tb: Any = None
+        self.result = RunResult(0, out_dir=None if out_dir is None else str(out_dir))
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"config": asdict(config), **dict(meta)}
+        (self.out_dir / CONFIG_JSON).write_text(json.dumps(record, indent=2, sort_keys=True))
+        self._file = open(self.out_dir / EPISODES_CSV, "w", newline="")  # noqa: SIM115
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(["step", "episode", "return", "length", "wall_s"])
+        try:  # optional: TensorBoard logging when it is installed
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"))
+        except Exception:  # noqa: BLE001 - tensorboard missing or broken: CSV only
+            self._tb = None
+
+    def episode(self, step: int, ret: float, length: int) -> None:
+        res = self.result
+        res.episode_end_steps.append(int(step))
+        res.returns.append(float(ret))
+        if self._writer is not None:
+            wall = time.perf_counter() - self._t0
+            self._writer.writerow([step, len(res.returns), f"{ret:.6g}", length, f"{wall:.3f}"])
+        if self._tb is not None:
+            self._tb.add_scalar("episode/return", ret, step)
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        if self._tb is not None:
+            self._tb.add_scalar(name, value, step)
+
+    def close(self, steps: int) -> RunResult:
+        self.result.steps = int(steps)
+        self.result.wall_s = time.perf_counter() - self._t0
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        return self.result
+
+
+class Progress:
+    """A one-line progress bar on stderr: steps, rate, recent return."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
+        self.total = max(1, int(total))
+        self.desc = desc
+        self.enabled = enabled
+        self._t0 = time.perf_counter()
+        self._last = 0.0
+
+    def update(self, step: int, recent: float | None, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last < 0.5:
+            return
+        self._last = now
+        frac = min(1.0, step / self.total)
+        width = 24
+        filled = int(frac * width)
+        rate = step / max(now - self._t0, 1e-9)
+        left = (self.total - step) / rate if rate > 0 else math.inf
+        ret = "" if recent is None else f" return(10) {recent:8.1f}"
+        bar = "#" * filled + "." * (width - filled)
+        sys.stderr.write(
+            f"\r{self.desc} [{bar}] {step}/{self.total} {rate:6.0f} steps/s eta {left:5.0f}s{ret}"
+        )
+        if force:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def recent_return(returns: list[float], k: int = 10) -> float | None:
+    return float(np.mean(returns[-k:])) if returns else None
+
+
+def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:
+    """Exploration rate falling linearly from ``start`` to ``end`` over ``duration`` steps."""
+    if duration <= 0 or step >= duration:
+        return end
+    return start + (end - start) * step / duration

@@ -1,0 +1,292 @@
+"""Soft Actor-Critic (twin Q, automatic entropy tuning) with uniform or prioritized replay.
+
+One file, read top to bottom: hyperparameters, networks, the update, the loop.
+
+Where the IS weights go: they scale each sample's term in the critic loss and
+in the actor loss (both are expectations over the replay distribution, which
+prioritization biases), but not the entropy-temperature loss, whose target
+is the policy's entropy, not a value estimated from replay.
+
+Which TD error becomes the priority: the mean of the two critics' absolute
+errors against their shared target. Both critics are regressed on every
+sample, so a sample matters as long as either still has something to learn
+from it; the mean tracks the critic loss being minimised, while the minimum
+would hide a sample one critic still gets badly wrong and the maximum would
+let a single noisy critic dominate.
+
+Needs the ``agents`` extra (torch, gymnasium).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._common import Progress, RunLogger, RunResult, make_replay, recent_return
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "fastper's agents need PyTorch and Gymnasium: pip install 'fastper[agents]'"
+    ) from exc
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@dataclass
+class SACConfig:
+    """Hyperparameters of SAC (defaults tuned for Pendulum-v1)."""
+
+    env_id: str = "Pendulum-v1"  # Gymnasium environment with a Box action space
+    total_steps: int = 15_000  # environment steps to train for
+    replay: str = "per"  # "uniform", "per" (proportional) or "rank"
+    seed: int = 0  # seeds torch, the environment and the buffer
+    buffer_size: int = 100_000  # replay capacity (transitions)
+    batch_size: int = 256  # transitions per gradient step
+    actor_lr: float = 3e-4  # Adam step size of the policy
+    critic_lr: float = 1e-3  # Adam step size of the twin Q-networks
+    alpha_lr: float = 1e-3  # Adam step size of the log entropy temperature
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # Polyak averaging rate of the target critics
+    n_step: int = 1  # n-step returns (1 = plain one-step targets)
+    learning_starts: int = 1_000  # random-action steps before learning
+    train_freq: int = 1  # environment steps between training phases
+    gradient_steps: int = 1  # gradient steps per training phase
+    hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of every network
+    init_temperature: float = 1.0  # initial entropy temperature
+    target_entropy: float | None = None  # None: -(action dimension)
+    alpha: float | None = None  # priority exponent (None: paper default of the replay kind)
+    beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
+    priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
+    device: str = "cpu"  # torch device
+
+
+def mlp(inp: int, out: int, hidden: tuple[int, ...]) -> Any:
+    layers: list[Any] = []
+    last = inp
+    for width in hidden:
+        layers += [nn.Linear(last, width), nn.ReLU()]
+        last = width
+    layers.append(nn.Linear(last, out))
+    return nn.Sequential(*layers)
+
+
+class Actor(nn.Module):
+    """Tanh-squashed Gaussian policy, rescaled to the action box."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], low: Any, high: Any):
+        super().__init__()
+        self.net = mlp(obs_dim, 2 * act_dim, hidden)
+        self.scale: torch.Tensor
+        self.bias: torch.Tensor
+        self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
+        self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
+
+    def forward(self, obs: Any, deterministic: bool = False) -> tuple[Any, Any]:
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        log_std = torch.clamp(log_std, LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        u = mean if deterministic else mean + std * torch.randn_like(mean)
+        a = torch.tanh(u)
+        # log N(u; mean, std) minus the log-Jacobian of tanh and of the rescaling
+        log_prob = (-0.5 * ((u - mean) / std).pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(
+            -1
+        )
+        log_prob = log_prob - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1)
+        log_prob = log_prob - torch.log(self.scale).sum()
+        return a * self.scale + self.bias, log_prob
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) networks."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.q1 = mlp(obs_dim + act_dim, 1, hidden)
+        self.q2 = mlp(obs_dim + act_dim, 1, hidden)
+
+    def forward(self, obs: Any, act: Any) -> tuple[Any, Any]:
+        x = torch.cat([obs, act], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+@dataclass
+class SACState:
+    """Networks, optimisers and the entropy temperature of one SAC learner."""
+
+    actor: Any
+    critic: Any
+    critic_target: Any
+    log_temp: Any
+    actor_opt: Any
+    critic_opt: Any
+    temp_opt: Any
+    target_entropy: float
+
+
+def update(
+    st: SACState, batch: dict[str, Any], gamma: float, tau: float
+) -> tuple[Any, dict[str, float]]:
+    """One SAC gradient step on a batch from ``SampleBatch.to_torch``.
+
+    Returns the per-sample priorities' TD errors (mean of the two critics'
+    absolute errors, detached) and the three losses.
+    """
+    obs = batch["obs"].float()
+    act = batch["action"].float()
+    reward = batch["reward"].float()
+    next_obs = batch["next_obs"].float()
+    if "discount" in batch:  # n-step buffers store gamma^m (0 on termination)
+        discount = batch["discount"].float()
+    else:
+        discount = gamma * (1.0 - batch["terminated"].float())
+    w = batch["weights"].float()
+    temp = st.log_temp.exp().detach()
+
+    with torch.no_grad():
+        next_act, next_logp = st.actor(next_obs)
+        t1, t2 = st.critic_target(next_obs, next_act)
+        target = reward + discount * (torch.min(t1, t2) - temp * next_logp)
+    q1, q2 = st.critic(obs, act)
+    d1, d2 = q1 - target, q2 - target
+    critic_loss = (w * (d1.pow(2) + d2.pow(2))).mean() * 0.5
+    st.critic_opt.zero_grad(set_to_none=True)
+    critic_loss.backward()
+    st.critic_opt.step()
+
+    new_act, logp = st.actor(obs)
+    p1, p2 = st.critic(obs, new_act)
+    actor_loss = (w * (temp * logp - torch.min(p1, p2))).mean()
+    st.actor_opt.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    st.actor_opt.step()
+
+    # unweighted: the temperature tracks the policy's entropy, not a replay estimate
+    temp_loss = -(st.log_temp * (logp.detach() + st.target_entropy)).mean()
+    st.temp_opt.zero_grad(set_to_none=True)
+    temp_loss.backward()
+    st.temp_opt.step()
+
+    with torch.no_grad():
+        for p, tp in zip(st.critic.parameters(), st.critic_target.parameters(), strict=True):
+            tp.mul_(1.0 - tau).add_(p, alpha=tau)
+    td = 0.5 * (d1.detach().abs() + d2.detach().abs())
+    losses = {
+        "critic": float(critic_loss.item()),
+        "actor": float(actor_loss.item()),
+        "temperature": float(temp.item()),
+    }
+    return td, losses
+
+
+def make_state(
+    obs_dim: int, act_dim: int, low: Any, high: Any, cfg: SACConfig, device: Any
+) -> SACState:
+    actor = Actor(obs_dim, act_dim, tuple(cfg.hidden), low, high).to(device)
+    critic = TwinQ(obs_dim, act_dim, tuple(cfg.hidden)).to(device)
+    critic_target = TwinQ(obs_dim, act_dim, tuple(cfg.hidden)).to(device)
+    critic_target.load_state_dict(critic.state_dict())
+    for p in critic_target.parameters():
+        p.requires_grad_(False)
+    log_temp = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
+    target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+    return SACState(
+        actor=actor,
+        critic=critic,
+        critic_target=critic_target,
+        log_temp=log_temp,
+        actor_opt=torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr, foreach=True),
+        critic_opt=torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr, foreach=True),
+        temp_opt=torch.optim.Adam([log_temp], lr=cfg.alpha_lr),
+        target_entropy=target_entropy,
+    )
+
+
+def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
+    """Train SAC on ``config.env_id``; log episodes to ``out_dir``.
+
+    Returns:
+        The :class:`RunResult` (episode returns and the steps they ended at).
+    """
+    import gymnasium as gym
+
+    from ..spaces import fields_from_spaces
+
+    cfg = config
+    torch.manual_seed(cfg.seed)
+    env: Any = gym.make(cfg.env_id)
+    if type(env.action_space).__name__ != "Box":
+        raise ValueError(f"SAC needs a Box action space, got {env.action_space} for {cfg.env_id}")
+    obs_dim = int(np.prod(env.observation_space.shape))
+    act_dim = int(np.prod(env.action_space.shape))
+    low = np.asarray(env.action_space.low, dtype=np.float64).reshape(-1)
+    high = np.asarray(env.action_space.high, dtype=np.float64).reshape(-1)
+    device = torch.device(cfg.device)
+    st = make_state(obs_dim, act_dim, low, high, cfg, device)
+
+    phases = max(0, cfg.total_steps - cfg.learning_starts) // max(1, cfg.train_freq)
+    buffer = make_replay(
+        cfg.replay,
+        cfg.buffer_size,
+        fields_from_spaces(env.observation_space, env.action_space),
+        alpha=cfg.alpha,
+        beta0=cfg.beta0,
+        anneal_samples=phases * cfg.gradient_steps,
+        n_step=cfg.n_step,
+        gamma=cfg.gamma,
+        eps=cfg.priority_eps,
+        seed=cfg.seed,
+    )
+    meta = {"algo": "sac", "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
+    log = RunLogger(out_dir, cfg, meta)
+    bar = Progress(cfg.total_steps, f"sac {cfg.replay} seed {cfg.seed}", progress)
+
+    obs, _ = env.reset(seed=cfg.seed)
+    env.action_space.seed(cfg.seed)
+    ep_return, ep_len, grad_steps = 0.0, 0, 0
+    for step in range(1, cfg.total_steps + 1):
+        if step <= cfg.learning_starts:
+            action = np.asarray(env.action_space.sample(), dtype=np.float32)
+        else:
+            with torch.no_grad():
+                x = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(1, -1)
+                action = st.actor(x)[0].cpu().numpy().reshape(env.action_space.shape)
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(
+            {
+                "obs": obs,
+                "action": action,
+                "reward": reward,
+                "next_obs": next_obs,
+                "terminated": terminated,
+                "truncated": truncated,
+            }
+        )
+        ep_return += float(reward)
+        ep_len += 1
+        obs = next_obs
+        if terminated or truncated:
+            log.episode(step, ep_return, ep_len)
+            obs, _ = env.reset()
+            ep_return, ep_len = 0.0, 0
+
+        if step > cfg.learning_starts and step % cfg.train_freq == 0:
+            for _ in range(cfg.gradient_steps):
+                sample = buffer.sample(cfg.batch_size)
+                td, losses = update(st, sample.to_torch(device), cfg.gamma, cfg.tau)
+                buffer.update_priorities(sample.indices, td, keys=sample.keys)
+                grad_steps += 1
+            if grad_steps % 200 < cfg.gradient_steps:
+                for name, value in losses.items():
+                    log.scalar(f"train/{name}", value, step)
+        bar.update(step, recent_return(log.result.returns))
+    bar.update(cfg.total_steps, recent_return(log.result.returns), force=True)
+    env.close()
+    return log.close(cfg.total_steps)
