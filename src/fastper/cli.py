@@ -99,6 +99,7 @@ def _train(args: argparse.Namespace) -> int:
         results = train_many(
             args.algo, env, args.replay, seeds, args.steps, args.out,
             overrides=overrides, workers=args.workers, progress=not args.quiet,
+            threads=args.threads,
         )  # fmt: skip
     except (ValueError, TypeError) as exc:
         print(f"fastper train: {exc}", file=sys.stderr)
@@ -110,11 +111,11 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_groups(cmd: str, dirs: Sequence[str]) -> Any:
+def _load_groups(cmd: str, dirs: Sequence[str], include_unfinished: bool) -> Any:
     from .agents.analysis import find_runs, group_runs
 
     try:
-        return group_runs(find_runs(dirs))
+        return group_runs(find_runs(dirs, include_unfinished))
     except ValueError as exc:
         print(f"fastper {cmd}: {exc}", file=sys.stderr)
         return None
@@ -123,7 +124,7 @@ def _load_groups(cmd: str, dirs: Sequence[str]) -> Any:
 def _plot(args: argparse.Namespace) -> int:
     from .agents.analysis import plot
 
-    groups = _load_groups("plot", args.dirs)
+    groups = _load_groups("plot", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
     try:
@@ -138,7 +139,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from .agents.analysis import compare_table
 
-    groups = _load_groups("compare", args.dirs)
+    groups = _load_groups("compare", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
     print(compare_table(groups, args.threshold, args.window))
@@ -207,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="NAME=VALUE",
         help="override a hyperparameter, e.g. --set lr=5e-4 --set 'hidden=(64,64)'",
     )  # fmt: skip
+    train.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads per run (default: CPU cores / workers)",
+    )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.set_defaults(func=_train)
 
@@ -217,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", default="curve.png", help="image file (default curve.png)")
     plot.add_argument("--window", type=int, default=20, help="episodes averaged per point (default 20)")
     plot.add_argument("--title", default=None)
+    plot.add_argument(
+        "--include-unfinished", action="store_true",
+        help="also use runs without summary.json (still running, killed, or logged before run summaries existed)",
+    )  # fmt: skip
     plot.set_defaults(func=_plot)
 
     comp = sub.add_parser(
@@ -231,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--window", type=int, default=20,
         help="episodes in the moving average for curves and the threshold (default 20)",
+    )  # fmt: skip
+    comp.add_argument(
+        "--include-unfinished", action="store_true",
+        help="also use runs without summary.json (still running, killed, or logged before run summaries existed)",
     )  # fmt: skip
     comp.set_defaults(func=_compare)
     return parser

@@ -167,6 +167,13 @@ def test_cli_train_compare_plot(tmp_path, capsys) -> None:
     assert main(["compare", str(out), "--threshold", "20", "--window", "3"]) == 0
     table = capsys.readouterr().out
     assert "| uniform | 2 |" in table and "| per | 2 |" in table and "reached 20" in table
+    # a run without summary.json is unfinished: left out unless asked for
+    (out / "dqn-CartPole-v1-per" / "seed-1" / "summary.json").unlink()
+    assert main(["compare", str(out), "--threshold", "20", "--window", "3"]) == 0
+    res = capsys.readouterr()
+    assert "| per | 1 |" in res.out and "left out 1 unfinished run" in res.err
+    assert main(["compare", str(out), "--window", "3", "--include-unfinished"]) == 0
+    assert "| per | 2 |" in capsys.readouterr().out
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"
     assert main(["plot", str(out), "-o", str(png), "--window", "3"]) == 0
@@ -180,4 +187,4 @@ def test_cli_train_rejects_unknown_setting(capsys) -> None:
 
 def test_cli_compare_without_runs(tmp_path, capsys) -> None:
     assert main(["compare", str(tmp_path)]) == 1
-    assert "no runs" in capsys.readouterr().err
+    assert "no finished runs" in capsys.readouterr().err

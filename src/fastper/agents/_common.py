@@ -24,6 +24,7 @@ from ..storage import FieldLike
 REPLAYS = ("uniform", "per", "rank")
 EPISODES_CSV = "episodes.csv"
 CONFIG_JSON = "config.json"
+SUMMARY_JSON = "summary.json"  # written when a run finishes: marks it complete
 
 
 def make_replay(
@@ -77,10 +78,12 @@ class RunResult:
 
 
 class RunLogger:
-    """Writes ``config.json`` and ``episodes.csv`` (and TensorBoard if present).
+    """Writes ``config.json``, ``episodes.csv`` and, at the end, ``summary.json``.
 
     ``episodes.csv`` has one row per finished episode: ``step`` (environment
-    steps so far), ``episode``, ``return``, ``length``, ``wall_s``.
+    steps so far), ``episode``, ``return``, ``length``, ``wall_s``. TensorBoard
+    scalars go to ``tb/`` when tensorboard is installed. ``summary.json``
+    (steps, episodes, wall time) marks the run as finished.
     """
 
     def __init__(self, out_dir: str | Path | None, config: Any, meta: Mapping[str, Any]) -> None:
@@ -112,6 +115,7 @@ class RunLogger:
         if self._writer is not None:
             wall = time.perf_counter() - self._t0
             self._writer.writerow([step, len(res.returns), f"{ret:.6g}", length, f"{wall:.3f}"])
+            self._file.flush()  # episodes are rare: keep the log readable while running
         if self._tb is not None:
             self._tb.add_scalar("episode/return", ret, step)
 
@@ -125,6 +129,13 @@ class RunLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.out_dir is not None:
+            summary = {
+                "steps": self.result.steps,
+                "episodes": len(self.result.returns),
+                "wall_s": round(self.result.wall_s, 3),
+            }
+            (self.out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2))
         if self._tb is not None:
             self._tb.close()
             self._tb = None

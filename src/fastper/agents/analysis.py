@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import CONFIG_JSON, EPISODES_CSV
+from ._common import CONFIG_JSON, EPISODES_CSV, SUMMARY_JSON
 
 # two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom
 _T975 = (
@@ -96,18 +97,30 @@ def load_run(path: str | Path) -> Run:
     )
 
 
-def find_runs(dirs: Iterable[str | Path]) -> list[Run]:
-    """Every run directory at or below the given directories, sorted by path."""
+def find_runs(dirs: Iterable[str | Path], include_unfinished: bool = False) -> list[Run]:
+    """Every run directory at or below the given directories, sorted by path.
+
+    Runs without ``summary.json`` are still running (or died) and are left
+    out unless ``include_unfinished``; a note on stderr says how many.
+    """
+    dirs = list(dirs)
     found: dict[Path, Run] = {}
+    unfinished = 0
     for d in dirs:
         root = Path(d)
         if not root.exists():
             raise ValueError(f"`dirs` must exist, got {root}")
         for cfg in sorted(root.rglob(CONFIG_JSON)):
-            if (cfg.parent / EPISODES_CSV).is_file():
-                found[cfg.parent.resolve()] = load_run(cfg.parent)
+            if not (cfg.parent / EPISODES_CSV).is_file():
+                continue
+            if not include_unfinished and not (cfg.parent / SUMMARY_JSON).is_file():
+                unfinished += 1
+                continue
+            found[cfg.parent.resolve()] = load_run(cfg.parent)
+    if unfinished:
+        print(f"note: left out {unfinished} unfinished run(s) (no {SUMMARY_JSON})", file=sys.stderr)
     if not found:
-        raise ValueError(f"no runs ({CONFIG_JSON} + {EPISODES_CSV}) found under {list(dirs)}")
+        raise ValueError(f"no finished runs ({CONFIG_JSON} + {EPISODES_CSV}) found under {dirs}")
     return [found[k] for k in sorted(found)]
 
 
@@ -261,7 +274,7 @@ def _fmt(x: float) -> str:
         return "-"
     if math.isinf(x):
         return "never"
-    return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _fmt_ci(t: tuple[float, float, float]) -> str:

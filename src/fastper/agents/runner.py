@@ -95,11 +95,13 @@ def train_many(
     overrides: dict[str, Any] | None = None,
     workers: int = 1,
     progress: bool = True,
+    threads: int | None = None,
 ) -> list[tuple[str, int, float, int, float]]:
     """Train ``algo`` for every (replay, seed); returns (replay, seed, last-10 return, episodes, s).
 
-    With ``workers > 1`` runs go to that many processes (spawned, each with
-    ``cpu_count // workers`` torch threads) and progress is one line per run.
+    With ``workers > 1`` runs go to that many processes (spawned) and progress
+    is one line per run. Each run uses ``threads`` torch threads (default
+    ``cpu_count // workers``).
     """
     cls = config_class(algo)
     jobs = []
@@ -114,12 +116,13 @@ def train_many(
     Path(out).mkdir(parents=True, exist_ok=True)
     results = []
     t0 = time.perf_counter()
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    order = {r: i for i, r in enumerate(replays)}
     if workers <= 1:
-        threads = max(1, os.cpu_count() or 1)
         for s in jobs:
             results.append(_train_one(algo, s, str(out), progress, threads))
-        return results
-    threads = max(1, (os.cpu_count() or 1) // workers)
+        return sorted(results, key=lambda r: (order[r[0]], r[1]))
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = [pool.submit(_train_one, algo, s, str(out), False, threads) for s in jobs]
@@ -133,4 +136,4 @@ def train_many(
                     file=sys.stderr,
                     flush=True,
                 )
-    return sorted(results, key=lambda r: (list(replays).index(r[0]), r[1]))
+    return sorted(results, key=lambda r: (order[r[0]], r[1]))
