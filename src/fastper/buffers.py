@@ -326,6 +326,7 @@ class _Buffer:
                 field's shape is one transition, one with an extra leading
                 dimension a batch. Values are cast to the field's dtype where no
                 value changes (e.g. float64 -> float32, integral floats -> int).
+                NaN and inf in float fields are stored as given, unchecked.
             priorities: optional raw priorities p_i (>= 0, finite), one per
                 transition; by default each gets :attr:`max_priority`. Not
                 accepted with ``n_step > 1``.
@@ -336,7 +337,8 @@ class _Buffer:
 
         Raises:
             ValueError: missing / unknown fields, wrong shapes, an empty batch,
-                a batch larger than the capacity, or bad priorities.
+                a batch larger than the capacity (with n-step: one that would
+                also complete more), or bad priorities.
             FieldTypeError: a value that cannot be cast safely.
         """
         if self._nstep is not None:
@@ -344,15 +346,25 @@ class _Buffer:
                 raise ValueError("`priorities` cannot be given to add() when n_step > 1")
             batch, k = coerce_batch(self._nstep.fields, transition, None)
             out, m, pending = self._nstep.process(batch, k)
-            if m > self._capacity:
+            cap = self._capacity
+            if m > cap and k > cap:
                 raise ValueError(
-                    f"a batch must not complete more than capacity={self._capacity} "
+                    f"a batch must not complete more than capacity={cap} "
                     f"transitions, got {m}"
                 )
             self._nstep.pending = pending
             if m == 0:
                 return np.empty(0, dtype=np.int64)
-            return self._write(out, m, None)
+            if m <= cap:
+                return self._write(out, m, None)
+            # An episode end flushes the pending window with the batch: more than
+            # `capacity` may complete from a batch that fits. Written in ring order,
+            # so the ring keeps the last `capacity`, as if added one by one.
+            parts = [
+                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
+                for lo in range(0, m, cap)
+            ]
+            return np.concatenate(parts)
         prepared, k = self._storage.prepare(transition)
         p = None
         if priorities is not None:
@@ -510,7 +522,9 @@ class _Buffer:
     def save(self, path: Any) -> None:
         """Write a checkpoint atomically (temporary file + rename). O(N).
 
-        See :func:`fastper.load`. Never uses pickle.
+        See :func:`fastper.load`. Never uses pickle. Temporary files left by
+        earlier saves to ``path`` that were killed are removed first (see
+        :mod:`fastper.checkpoint`).
         """
         from .checkpoint import save_buffer
 

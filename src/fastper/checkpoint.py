@@ -19,6 +19,19 @@ allocated, and nothing is ever unpickled.
 
 Saving writes a temporary file beside the target, fsyncs it and renames it
 over the target, so a crash mid-save leaves the previous checkpoint intact.
+
+Temporary files. A save killed outright (SIGKILL, power loss) cannot delete
+its temporary file, ``.<target name>.<random>.fpk.tmp``; the next save to the
+same target removes such leftovers, so they never pile up (at most one per
+target survives a crash). Telling a leftover from the temporary file of a
+save still running (another thread, another buffer, another process) relies
+on an exclusive ``flock`` that every save holds on its temporary file from
+creation to rename: the kernel drops it when its process dies, however it
+dies, so a temporary file whose lock can be taken is abandoned. A save that
+finds its own new file removed in the instant between creating and locking
+it starts over with a new one. Where ``fcntl`` is missing (Windows) leftovers
+are not removed. The names are random, not fixed per target, so that two
+saves to one path never write into the same temporary file.
 """
 
 from __future__ import annotations
@@ -44,11 +57,24 @@ MAGIC = b"\x89FPCKPT\n"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
-_MAX_HEADER = 64 * 1024 * 1024
+#: Largest header accepted (and written). A real header is a few KB (fields,
+#: array table, schedules, RNG state); the cap bounds what parsing a hostile one
+#: costs: JSON of empty objects takes about 22x its size in Python objects, so
+#: 4 MiB -> under 100 MiB and well under a second (64 MiB used to take 1.7 GiB).
+_MAX_HEADER = 4 * 1024 * 1024
 _CHUNK = 1 << 22
+_MAX_NDIM = 32  # numpy 1.x's limit
+_MAX_KEY = 2**62  # key counters stay far inside int64 (10^18 transitions)
 _DTYPE_KINDS = "biuf"
 
 PathLike = str | os.PathLike[str]
+
+try:  # POSIX: advisory locks tell abandoned temporary files from live ones
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+_TMP_SUFFIX = ".fpk.tmp"
 
 
 # ---------------------------------------------------------------------------
@@ -75,11 +101,16 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
         offset += a.nbytes
         blobs.append(a)
     header = json.dumps({**meta, "arrays": table}, sort_keys=True, allow_nan=False).encode("utf-8")
+    if len(header) > _MAX_HEADER:
+        raise ValueError(
+            f"checkpoint header would be {len(header)} bytes, more than the {_MAX_HEADER} "
+            "that load() accepts (too many fields or schedule points)"
+        )
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".fpk.tmp", dir=target.parent or "."
-    )
+    _remove_abandoned_temporaries(target)
+    fd, tmp = _create_locked_temporary(target)
     try:
+        # the rename happens under the lock, so no cleaner can take the file first
         with os.fdopen(fd, "wb") as f:
             whole = hashlib.sha256()
             head = prefix + header
@@ -94,7 +125,7 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
             f.write(whole.digest())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+            os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -109,6 +140,68 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
             os.close(dfd)
     except OSError:  # pragma: no cover - platform dependent
         pass
+
+
+def _temporary_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def _create_locked_temporary(target: Path) -> tuple[int, str]:
+    """A new temporary file beside ``target``, open and exclusively locked."""
+    while True:
+        fd, tmp = tempfile.mkstemp(
+            prefix=_temporary_prefix(target), suffix=_TMP_SUFFIX, dir=target.parent or "."
+        )
+        if fcntl is None:  # pragma: no cover - Windows
+            return fd, tmp
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink > 0:
+                return fd, tmp
+        except BaseException:
+            os.close(fd)
+            raise
+        # a cleaner took the file between mkstemp and flock: start over
+        os.close(fd)  # pragma: no cover - a narrow race
+
+
+def _remove_abandoned_temporaries(target: Path) -> None:
+    """Delete temporary files of ``target`` left by saves that died (see the module doc).
+
+    A file is removed only while this process holds its exclusive lock, which
+    a save in progress never gives up before renaming the file away.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return
+    folder = target.parent if str(target.parent) else Path(".")
+    prefix = _temporary_prefix(target)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(_TMP_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # gone already, or not ours to open
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live save holds it
+            st = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------
@@ -134,7 +227,11 @@ def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str,
             f"{path}: unsupported checkpoint format version {version} (this fastper reads {FORMAT_VERSION})"
         )
     data_start = _PREFIX.size + hlen + _DIGEST
-    if hlen > _MAX_HEADER or data_start + _DIGEST > file_size:
+    if hlen > _MAX_HEADER:
+        raise CheckpointError(
+            f"{path}: corrupt checkpoint (header length {hlen} exceeds the limit of {_MAX_HEADER})"
+        )
+    if data_start + _DIGEST > file_size:
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint (header length {hlen})")
     header = f.read(hlen)
     hdigest = f.read(_DIGEST)
@@ -180,8 +277,16 @@ def _array_table(
             ) from None
         if dt.kind not in _DTYPE_KINDS or dt.hasobject or dt.fields is not None:
             raise CheckpointError(f"{path}: array `{name}` has a forbidden dtype {dt}")
-        if any(s < 0 for s in shape) or nbytes != math.prod(shape) * dt.itemsize:
-            raise CheckpointError(f"{path}: array `{name}` declares an inconsistent shape {shape}")
+        if (
+            len(shape) > _MAX_NDIM
+            or any(s < 0 for s in shape)
+            or nbytes != math.prod(shape) * dt.itemsize
+            # numpy refuses shapes whose product overflows, zeros aside
+            or math.prod(max(s, 1) for s in shape) * dt.itemsize >= 2**62
+        ):
+            raise CheckpointError(
+                f"{path}: array `{name}` declares an inconsistent shape {str(shape)[:200]}"
+            )
         if offset != end or offset + nbytes > blob_size:
             raise CheckpointError(f"{path}: array `{name}` lies outside the data section")
         end = offset + nbytes
@@ -204,8 +309,10 @@ def read_metadata(path: PathLike, *, verify: bool = False) -> dict[str, Any]:
     Raises:
         CheckpointError: not a checkpoint, corrupt, or an unknown version.
     """
-    file_size = os.path.getsize(path)
     with open(path, "rb") as f:
+        # the size of the file opened, not of the path: a save may rename a new
+        # file over the path between a stat and an open
+        file_size = os.fstat(f.fileno()).st_size
         meta, data_start = _read_header(f, file_size, path)
         _array_table(meta, file_size - data_start - _DIGEST, path)
         if verify:
@@ -215,8 +322,8 @@ def read_metadata(path: PathLike, *, verify: bool = False) -> dict[str, Any]:
 
 def read_file(path: PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Verify and read a checkpoint: (metadata, arrays). Memory ~ file size."""
-    file_size = os.path.getsize(path)
     with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size  # of this file (see read_metadata)
         meta, data_start = _read_header(f, file_size, path)
         table = _array_table(meta, file_size - data_start - _DIGEST, path)
         _verify_digest(f, file_size, path)
@@ -391,6 +498,10 @@ def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, be
     cursor, added = int(st["cursor"]), int(st["total_added"])
     key_base = int(st["key_base"])
     since_clear = added - key_base
+    if added > _MAX_KEY:
+        # keys are int64 in the kernels: a larger counter would load and then
+        # make every sample and update fail with OverflowError
+        raise CheckpointError(f"key counter total_added={added} exceeds {_MAX_KEY}")
     if not (0 <= key_base <= added and n == min(since_clear, cap) and cursor == since_clear % cap):
         raise CheckpointError(
             f"inconsistent ring state size={n} cursor={cursor} added={added} key_base={key_base}"

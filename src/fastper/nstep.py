@@ -119,14 +119,18 @@ class NStepWriter:
         pos = np.arange(length)
         end_at = np.where(ended, pos, length)
         next_end = np.minimum.accumulate(end_at[::-1])[::-1]
-        last = np.minimum(pos + self.n - 1, next_end)
+        # an n past the sequence's end changes nothing (the window is cut there or
+        # not yet complete): the cap keeps a huge n (a forged checkpoint) from
+        # overflowing int64 or looping for ever
+        reach = min(self.n, length + 1)
+        last = np.minimum(pos + (reach - 1), next_end)
         emit = int(np.count_nonzero(last < length))  # the emitted ones form a prefix
         last = last[:emit]
         m = last - pos[:emit] + 1
         assert self.reward_key is not None and self.next_obs_key is not None
         rewards = seq[self.reward_key].astype(np.float64)
         ret = np.zeros(emit, dtype=np.float64)
-        for j in range(self.n):  # loop over the window, vectorised over transitions
+        for j in range(reach):  # loop over the window, vectorised over transitions
             take = j < m
             ret += np.where(
                 take, self.gamma**j * rewards[np.minimum(pos[:emit] + j, length - 1)], 0.0

@@ -63,7 +63,7 @@ class Linear(Schedule):
         check_int("steps", self.steps, minimum=1)
 
     def __call__(self, step: int) -> float:
-        frac = min(max(step, 0) / self.steps, 1.0)
+        frac = min(max(step, 0), self.steps) / self.steps  # no float overflow for huge steps
         return float(self.start + frac * (self.end - self.start))
 
 
@@ -82,7 +82,7 @@ class Cosine(Schedule):
         check_int("steps", self.steps, minimum=1)
 
     def __call__(self, step: int) -> float:
-        frac = min(max(step, 0) / self.steps, 1.0)
+        frac = min(max(step, 0), self.steps) / self.steps  # no float overflow for huge steps
         return float(self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 

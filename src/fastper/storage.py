@@ -194,6 +194,9 @@ def coerce_batch(
 class Storage:
     """Preallocated columnar ring storage.
 
+    Not locked: a storage shared by threads needs the caller's lock, as the
+    buffers hold theirs around every call.
+
     Args:
         fields: ``{name: (shape, dtype)}``, ``{name: Field}`` or
             ``{name: {"shape": ..., "dtype": ...}}``; a bare dtype is a scalar.

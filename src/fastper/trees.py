@@ -4,11 +4,16 @@ Thin, validated wrappers around :mod:`fastper._kernels.tree` (8 children per
 node, one cache line; see that module for the layout and why it cannot drift).
 Every method checks its arguments completely before writing anything, so a
 call that raises leaves the tree exactly as it was.
+
+Threads: the kernels release the GIL, so each tree holds a lock around every
+kernel call; threads may share a tree (calls are serialised). Without it two
+threads' ``set`` ran at once over one scratch array and wrote out of bounds.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -26,6 +31,7 @@ class _Tree:
         self._leaves = np.full(n_leaves, self._fill, dtype=np.float64)
         self._inner = np.full(int(self._offs[-1]), self._fill, dtype=np.float64)
         self._scratch = np.empty(0, dtype=np.int64)
+        self._lock = threading.Lock()
 
     @property
     def capacity(self) -> int:
@@ -47,7 +53,8 @@ class _Tree:
 
     def state(self) -> np.ndarray:
         """Every float of the tree (leaves, then internal nodes): a copy, for checks."""
-        return np.concatenate((self._leaves, self._inner))
+        with self._lock:
+            return np.concatenate((self._leaves, self._inner))
 
     def _checked(self, indices: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
         idx = as_index_array("indices", indices, self._capacity)
@@ -57,27 +64,37 @@ class _Tree:
                 f"`values` must be <= {self.max_value:.3e} (so the total stays finite), "
                 f"got values={show(vals[vals > self.max_value][:8])}"
             )
-        if self._scratch.shape[0] < idx.shape[0]:
-            self._scratch = np.empty(idx.shape[0], dtype=np.int64)
         return idx, vals
+
+    def _write(self, idx: np.ndarray, vals: np.ndarray, mode: int) -> None:
+        with self._lock:
+            if self._scratch.shape[0] < idx.shape[0]:
+                self._scratch = np.empty(idx.shape[0], dtype=np.int64)
+            _k.write_leaves(self._leaves, idx, vals)
+            _k.fix_paths(
+                self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, mode
+            )
 
     def get(self, indices: Any) -> np.ndarray:
         """Leaf values at ``indices`` (float64 array). O(B)."""
         idx = as_index_array("indices", indices, self._capacity)
         out = np.empty(idx.shape[0], dtype=np.float64)
-        _k.gather(self._leaves, idx, out)
+        with self._lock:
+            _k.gather(self._leaves, idx, out)
         return out
 
     def leaves(self) -> np.ndarray:
         """A copy of all addressable leaves. O(capacity)."""
-        return self._leaves[: self._capacity].copy()
+        with self._lock:
+            return self._leaves[: self._capacity].copy()
 
     def __getitem__(self, index: int) -> float:
         return float(self.get(np.asarray([index]))[0])
 
     @property
     def _root(self) -> float:
-        return float(self._inner[self._offs[self._depth]])
+        with self._lock:
+            return float(self._inner[self._offs[self._depth]])
 
 
 class SumTree(_Tree):
@@ -107,8 +124,7 @@ class SumTree(_Tree):
             ValueError: values not finite, negative or too large, or lengths differ.
         """
         idx, vals = self._checked(indices, values)
-        _k.write_leaves(self._leaves, idx, vals)
-        _k.fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, _k.SUM)
+        self._write(idx, vals, _k.SUM)
 
     @property
     def total(self) -> float:
@@ -134,20 +150,22 @@ class SumTree(_Tree):
             )
         scalar = arr.ndim == 0
         t = as_value_array("targets", arr.reshape(-1), arr.size, nonnegative=True)
-        total = self.total
-        if not total > 0.0:
-            raise ValueError(f"`find` needs a positive total, got total={total!r}")
-        if t.size and t.max() > total:
-            raise ValueError(
-                f"`targets` must be <= total={total!r}, got targets={show(t[t > total][:8])}"
-            )
         out = np.empty(t.shape[0], dtype=np.int64)
-        _k.sum_find(self._leaves, self._inner, self._offs, self._depth, t, out)
+        with self._lock:  # the total checked is the total searched
+            total = float(self._inner[self._offs[self._depth]])
+            if not total > 0.0:
+                raise ValueError(f"`find` needs a positive total, got total={total!r}")
+            if t.size and t.max() > total:
+                raise ValueError(
+                    f"`targets` must be <= total={total!r}, got targets={show(t[t > total][:8])}"
+                )
+            _k.sum_find(self._leaves, self._inner, self._offs, self._depth, t, out)
         return out[0] if scalar else out
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.SUM)
+        with self._lock:
+            _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.SUM)
 
     def fsum(self) -> float:
         """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""
@@ -171,8 +189,7 @@ class MinTree(_Tree):
             ValueError: values not finite, negative or too large, or lengths differ.
         """
         idx, vals = self._checked(indices, values)
-        _k.write_leaves(self._leaves, idx, vals)
-        _k.fix_paths(self._leaves, self._inner, self._offs, self._depth, idx, self._scratch, _k.MIN)
+        self._write(idx, vals, _k.MIN)
 
     @property
     def min(self) -> float:
@@ -181,4 +198,5 @@ class MinTree(_Tree):
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves. O(N)."""
-        _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.MIN)
+        with self._lock:
+            _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.MIN)

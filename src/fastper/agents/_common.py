@@ -112,7 +112,7 @@ class RunLogger:
         res = self.result
         res.episode_end_steps.append(int(step))
         res.returns.append(float(ret))
-        if self._writer is not None:
+        if self._writer is not None and self._file is not None:
             wall = time.perf_counter() - self._t0
             self._writer.writerow([step, len(res.returns), f"{ret:.6g}", length, f"{wall:.3f}"])
             self._file.flush()  # episodes are rare: keep the log readable while running

@@ -1,0 +1,386 @@
+"""Hostile checkpoint files: refused with a clear error, in bounded time and memory, no code run.
+
+``tests/unit/test_checkpoint.py`` already flips every byte of small files,
+truncates at every length and forges header fields one by one. This file adds
+what a file from an untrusted source can carry beyond that: live pickle
+payloads in every framing a loader might be tricked into (raw pickle, ``.npy``
+and ``.npz`` with object arrays, an object dtype in our own array table),
+compressed bombs, random bytes at sizes up to megabytes, torn pages in a
+larger checkpoint, and extreme values in every numeric field of a header with
+valid digests. Every payload below would create ``marker`` if it were ever
+unpickled or evaluated; the tests check it never appears.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import functools
+import hashlib
+import io
+import json
+import pickle
+import struct
+import time
+import tracemalloc
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastper
+
+MAGIC = b"\x89FPCKPT\n"
+PREFIX = struct.Struct("<8sIQ")
+DIGEST = 32
+FIELDS = {
+    "obs": ((4,), np.float32),
+    "reward": ((), np.float32),
+    "next_obs": ((4,), np.float32),
+    "done": ((), np.bool_),
+}
+REFUSED = (fastper.CheckpointError, fastper.ScheduleNotSerializableError)
+
+
+class _Payload:
+    """Unpickling this runs ``exec``, which creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (builtins.exec, (f"open({str(self.marker)!r}, 'w').write('code ran')",))
+
+
+@pytest.fixture
+def marker(tmp_path) -> Path:
+    path = tmp_path / "marker"
+    # the payload is live: unpickling it does create the marker
+    pickle.loads(pickle.dumps(_Payload(path)))
+    assert path.exists()
+    path.unlink()
+    return path
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch, tmp_path):
+    """Tripwires on every way to unpickle, besides the marker.
+
+    Numba loads its cached kernels with pickle, so every kernel is loaded first.
+    """
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    _exercise(fastper.load(_checkpoint(warm)))
+    for cls in (fastper.ReplayBuffer, fastper.PrioritizedReplayBuffer):
+        b = cls(8, FIELDS, seed=0)
+        b.save(warm / "w.fpk")
+        _exercise(fastper.load(warm / "w.fpk"))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a checkpoint reader tried to unpickle")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, forbidden)
+    monkeypatch.setattr(np, "load", forbidden)
+
+
+def _frame(header: bytes, data: bytes = b"") -> bytes:
+    head = PREFIX.pack(MAGIC, 1, len(header)) + header
+    body = head + hashlib.sha256(head).digest() + data
+    return body + hashlib.sha256(body).digest()
+
+
+def _split(raw: bytes) -> tuple[dict[str, Any], bytes]:
+    _, _, hlen = PREFIX.unpack(raw[: PREFIX.size])
+    header = json.loads(raw[PREFIX.size : PREFIX.size + hlen])
+    return header, raw[PREFIX.size + hlen + DIGEST : -DIGEST]
+
+
+def _refused_bounded(path: Path, *, max_bytes: int = 16 * 2**20, max_s: float = 5.0) -> None:
+    """load and read_metadata(verify=True) raise CheckpointError, quickly and in little memory."""
+    for reader in (fastper.load, lambda p: fastper.read_metadata(p, verify=True)):
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        try:
+            with pytest.raises(REFUSED) as info:
+                reader(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        elapsed = time.perf_counter() - t0
+        assert str(info.value), "an error without a message"
+        assert peak < max_bytes, f"{peak} bytes allocated to refuse {path.name}"
+        assert elapsed < max_s, f"{elapsed:.1f} s to refuse {path.name}"
+
+
+def _checkpoint(tmp_path: Path, name: str = "good.fpk") -> Path:
+    buf = fastper.RankBasedReplayBuffer(
+        16, FIELDS, n_step=3, sort_every=4, beta=fastper.schedules.linear(0.4, 1.0, 50), seed=1
+    )
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        k = 4
+        buf.add(
+            {
+                "obs": rng.random((k, 4)),
+                "reward": rng.random(k),
+                "next_obs": rng.random((k, 4)),
+                "done": np.arange(k) == (i % 4),
+            }
+        )
+        s = buf.sample(5)
+        buf.update_priorities(s.indices, rng.random(5), keys=s.keys)
+    path = tmp_path / name
+    buf.save(path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# pickles in every framing
+# ---------------------------------------------------------------------------
+
+
+def _pickle_framings(marker: Path, good: bytes) -> dict[str, bytes]:
+    payload = pickle.dumps(_Payload(marker), protocol=2)
+    obj_array = np.array([_Payload(marker), 1], dtype=object)
+    npy = io.BytesIO()
+    np.save(npy, obj_array, allow_pickle=True)
+    npz = io.BytesIO()
+    np.savez(npz, evil=obj_array)
+    header, data = _split(good)
+    # our own format, an array declared as dtype object holding the pickle
+    as_object = copy.deepcopy(header)
+    entry = next(e for e in as_object["arrays"] if e["name"] == "sampler/priorities")
+    as_object["arrays"] = [e for e in as_object["arrays"] if e is not entry]
+    as_object["arrays"].append(
+        {"name": "sampler/priorities", "dtype": "|O", "shape": [1],
+         "offset": len(data) - entry["nbytes"], "nbytes": len(payload)}
+    )  # fmt: skip
+    start = entry["offset"]
+    obj_data = data[:start] + data[start + entry["nbytes"] :] + payload
+    # the pickle as the bytes of a legitimate-looking uint8 member
+    as_bytes = copy.deepcopy(header)
+    as_bytes["arrays"].append(
+        {"name": "data/evil", "dtype": "|u1", "shape": [len(payload)],
+         "offset": len(data), "nbytes": len(payload)}
+    )  # fmt: skip
+    # the pickle smuggled into the header as a callable schedule's text
+    in_header = copy.deepcopy(header)
+    in_header["alpha_schedule"] = {"kind": "callable", "repr": payload.decode("latin-1")}
+    in_header["beta_schedule"] = {"kind": "pickle", "data": payload.hex()}
+    return {
+        "raw-pickle": payload,
+        "npy-object-array": npy.getvalue(),
+        "npz-object-array": npz.getvalue(),
+        "pickle-after-magic": MAGIC + payload,
+        "object-dtype-member": _frame(json.dumps(as_object).encode(), obj_data),
+        "pickle-as-uint8-member": _frame(json.dumps(as_bytes).encode(), data + payload),
+        "pickle-in-header-strings": _frame(json.dumps(in_header).encode(), data),
+    }
+
+
+#: well-framed files whose header is valid JSON: read_metadata returns it as
+#: plain data (strings, numbers); only load, which builds a buffer, refuses them
+HEADER_READABLE = {"pickle-as-uint8-member", "pickle-in-header-strings"}
+
+
+def test_pickle_payloads_are_refused_and_never_run(tmp_path, marker, no_unpickling):
+    good = _checkpoint(tmp_path).read_bytes()
+    framings = _pickle_framings(marker, good)
+    for name, blob in framings.items():
+        path = tmp_path / f"{name}.fpk"
+        path.write_bytes(blob)
+        if name in HEADER_READABLE:
+            meta = fastper.read_metadata(path, verify=True)
+            assert json.loads(json.dumps(meta)) == meta  # nothing but JSON data
+            with pytest.raises(REFUSED):
+                fastper.load(path)
+        else:
+            _refused_bounded(path)
+            with pytest.raises(REFUSED):
+                fastper.read_metadata(path)
+    assert not marker.exists(), "a payload ran"
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "|O", "O8", "object", "[('a', 'O')]", "f8,O", "V8", "S4", "<U2", "M8[ns]", "m8[s]",
+        "c16", "(2,)f8", "__import__('os').system('touch MARKER')",
+        "eval(\"open('MARKER', 'w')\")", "f8" * 10_000,
+    ],
+)  # fmt: skip
+def test_dtype_strings_cannot_smuggle_objects_or_code(dtype, tmp_path, marker, no_unpickling):
+    good = _checkpoint(tmp_path).read_bytes()
+    header, data = _split(good)
+    dtype = dtype.replace("MARKER", str(marker))
+    for e in header["arrays"]:
+        if e["name"] == "data/done":
+            e["dtype"] = dtype
+    for f in header["fields"]:
+        if f[0] == "done":
+            f[1]["dtype"] = dtype
+    path = tmp_path / "dtype.fpk"
+    path.write_bytes(_frame(json.dumps(header).encode(), data))
+    _refused_bounded(path)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------
+# compressed bombs, random bytes, torn pages
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _bombs() -> dict[str, bytes]:
+    """Compressed files that expand to 32 MiB of zeros (about 32 KB each: 1000:1)."""
+    comp = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip framing
+    zero = bytes(2**20)
+    gz = b"".join(comp.compress(zero) for _ in range(32)) + comp.flush()
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("sampler/priorities.npy", "w", force_zip64=True) as member:
+            for _ in range(32):
+                member.write(zero)
+    return {
+        "gzip-bomb": gz,
+        "zip-bomb": zbuf.getvalue(),
+        "gzip-after-magic": MAGIC + gz,
+    }
+
+
+@pytest.mark.parametrize("name", ["gzip-bomb", "zip-bomb", "gzip-after-magic"])
+def test_compressed_bombs_are_refused_without_inflating(name, tmp_path):
+    blob = _bombs()[name]
+    assert len(blob) < 2**20
+    path = tmp_path / f"{name}.fpk"
+    path.write_bytes(blob)
+    _refused_bounded(path, max_bytes=4 * 2**20, max_s=2.0)
+    gz = _bombs()["gzip-bomb"]
+    assert zlib.decompressobj(31).decompress(gz, 2**16) == bytes(2**16)  # a real bomb
+
+
+def test_our_format_cannot_express_a_bomb(tmp_path):
+    """No compression: a member's size is its size in the file, checked before allocating."""
+    header, data = _split(_checkpoint(tmp_path).read_bytes())
+    for nbytes, shape in ((2**40, [2**37]), (2**62, [2**59]), (2**63 + 8, [2**60 + 1])):
+        forged = copy.deepcopy(header)
+        e = next(e for e in forged["arrays"] if e["name"] == "sampler/priorities")
+        e.update(nbytes=nbytes, shape=shape)
+        path = tmp_path / "declared-huge.fpk"
+        path.write_bytes(_frame(json.dumps(forged).encode(), data))
+        _refused_bounded(path, max_bytes=2 * 2**20, max_s=1.0)
+
+
+def test_random_bytes_of_every_size_are_refused(tmp_path):
+    rng = np.random.default_rng(7)
+    path = tmp_path / "noise.fpk"
+    good = _checkpoint(tmp_path).read_bytes()
+    for size in (8, 20, 53, 4096, 2**20, 8 * 2**20):
+        noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        blobs = [
+            noise,
+            MAGIC + noise,
+            PREFIX.pack(MAGIC, 1, 2**64 - 1) + noise,  # a header length past everything
+            PREFIX.pack(MAGIC, 1, min(size, 100)) + noise,
+            good[: len(good) // 2] + noise,  # a valid start, then garbage
+            _frame(noise[:4096]),  # random header bytes with valid digests
+        ]
+        for blob in blobs:
+            path.write_bytes(blob)
+            _refused_bounded(path, max_bytes=6 * 2**20)
+
+
+def test_torn_pages_in_a_larger_checkpoint_are_detected(tmp_path):
+    """A 4 KiB block zeroed or replaced (a torn or misdirected write) anywhere in a ~2 MB file."""
+    buf = fastper.PrioritizedReplayBuffer(2**14, {"obs": ((32,), np.float32)}, seed=0)
+    rng = np.random.default_rng(3)
+    buf.add({"obs": rng.random((2**14, 32))})
+    good = tmp_path / "large.fpk"
+    buf.save(good)
+    raw = good.read_bytes()
+    assert len(raw) > 2 * 10**6
+    bad = tmp_path / "torn.fpk"
+    for start in rng.integers(0, len(raw) - 1, 12).tolist() + [0, len(raw) - 4096]:
+        block = bytearray(raw)
+        end = min(start + 4096, len(raw))
+        filler = bytes(end - start) if start % 2 else rng.bytes(end - start)
+        if block[start:end] == filler:  # pragma: no cover - the block already held that
+            continue
+        block[start:end] = filler
+        bad.write_bytes(bytes(block))
+        _refused_bounded(bad, max_bytes=12 * 2**20)
+    for cut in (4096, len(raw) // 2, len(raw) - 4096, len(raw) - 1):
+        bad.write_bytes(raw[:cut])
+        _refused_bounded(bad, max_bytes=12 * 2**20)
+
+
+# ---------------------------------------------------------------------------
+# extreme values in every numeric field of a well-formed header
+# ---------------------------------------------------------------------------
+
+EXTREMES = [10**30, 2**63, -1, 1e308]
+
+
+def _numeric_leaves(obj: Any, path: tuple = ()) -> list[tuple]:
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k != "arrays":
+                out += _numeric_leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _numeric_leaves(v, (*path, i))
+    elif isinstance(obj, int | float) and not isinstance(obj, bool) or obj is None:
+        out.append(path)
+    return out
+
+
+def _exercise(buf) -> None:
+    """A loaded buffer must work, or fail with a plain argument error (never crash)."""
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        buf.add(
+            {"obs": np.zeros((3, 4)), "reward": np.ones(3), "next_obs": np.ones((3, 4)),
+             "done": np.array([False, False, True])}
+        )  # fmt: skip
+        s = buf.sample(5)
+        buf.update_priorities(s.indices, rng.random(5), keys=s.keys)
+    buf.probabilities(np.arange(len(buf)))
+
+
+# a huge alpha makes a rank buffer's smallest probability underflow to 0 (weights
+# of 0, with numpy's warning): a legal, if absurd, setting, not a file problem
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+def test_extreme_numbers_in_any_header_field(tmp_path, marker):
+    good = _checkpoint(tmp_path)
+    header, data = _split(good.read_bytes())
+    leaves = _numeric_leaves(header)
+    assert len(leaves) >= 20
+    path = tmp_path / "extreme.fpk"
+    loaded_ok = refused = 0
+    for leaf in leaves:
+        for value in EXTREMES:
+            forged = copy.deepcopy(header)
+            node = forged
+            for p in leaf[:-1]:
+                node = node[p]
+            node[leaf[-1]] = value
+            path.write_bytes(_frame(json.dumps(forged).encode(), data))
+            t0 = time.perf_counter()
+            try:
+                buf = fastper.load(path)
+            except REFUSED:
+                refused += 1
+                continue
+            try:
+                _exercise(buf)
+            except (ValueError, TypeError):
+                pass  # e.g. a schedule that leaves [0, inf) later: a clear argument error
+            loaded_ok += 1
+            assert time.perf_counter() - t0 < 2.0, (leaf, value)
+    assert refused > 0 and loaded_ok > 0
+    assert not marker.exists()
