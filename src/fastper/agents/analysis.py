@@ -340,7 +340,7 @@ def plot(groups: Sequence[Group], out: str | Path, window: int, title: str | Non
         if len(g.runs) > 1:
             ax.fill_between(grid, mean - half, mean + half, color=line.get_color(), alpha=0.2)
     env = all_runs[0].meta.get("env_id", "")
-    algo = all_runs[0].meta.get("algo", "")
+    algo = {"dqn": "Double DQN", "sac": "SAC"}.get(all_runs[0].meta.get("algo", ""), "")
     ax.set_title(title or f"{algo} on {env}: mean of last {window} episodes, 95% CI")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
