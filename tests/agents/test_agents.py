@@ -188,3 +188,18 @@ def test_cli_train_rejects_unknown_setting(capsys) -> None:
 def test_cli_compare_without_runs(tmp_path, capsys) -> None:
     assert main(["compare", str(tmp_path)]) == 1
     assert "no finished runs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "match"),
+    [
+        (dqn.DQNConfig, {"replay": "prioritized"}, "`replay` must be one of"),
+        (dqn.DQNConfig, {"gradient_steps": 0}, "`gradient_steps` must be > 0"),
+        (dqn.DQNConfig, {"tau": 1.5}, r"`tau` must be in \[0, 1\]"),
+        (sac.SACConfig, {"batch_size": -1}, "`batch_size` must be > 0"),
+        (sac.SACConfig, {"n_step": 0}, "`n_step` >= 1"),
+    ],
+)
+def test_configs_refuse_bad_hyperparameters(cls, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)

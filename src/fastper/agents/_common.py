@@ -174,6 +174,25 @@ class Progress:
         sys.stderr.flush()
 
 
+def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...] = ()) -> None:
+    """Clear errors for hyperparameters out of range (called from ``__post_init__``)."""
+    if cfg.replay not in REPLAYS:
+        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={cfg.replay!r}")
+    for name in positive:
+        value = getattr(cfg, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"`{name}` must be > 0, got {name}={value!r}")
+    for name in fractions:
+        value = getattr(cfg, name)
+        if not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ValueError(f"`{name}` must be in [0, 1], got {name}={value!r}")
+    if cfg.learning_starts < 0 or cfg.n_step < 1 or cfg.seed < 0:
+        raise ValueError(
+            "`learning_starts` and `seed` must be >= 0 and `n_step` >= 1, got "
+            f"learning_starts={cfg.learning_starts}, seed={cfg.seed}, n_step={cfg.n_step}"
+        )
+
+
 def recent_return(returns: list[float], k: int = 10) -> float | None:
     return float(np.mean(returns[-k:])) if returns else None
 

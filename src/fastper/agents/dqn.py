@@ -23,6 +23,7 @@ from ._common import (
     Progress,
     RunLogger,
     RunResult,
+    check_config,
     linear_epsilon,
     make_replay,
     recent_return,
@@ -66,6 +67,14 @@ class DQNConfig:
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
     device: str = "cpu"  # torch device
+
+    def __post_init__(self) -> None:
+        check_config(
+            self,
+            positive=("total_steps", "buffer_size", "batch_size", "lr", "train_freq",
+                      "gradient_steps", "target_update", "tau"),
+            fractions=("gamma", "tau", "eps_start", "eps_end", "eps_fraction"),
+        )  # fmt: skip
 
 
 class QNetwork(nn.Module):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import Progress, RunLogger, RunResult, make_replay, recent_return
+from ._common import Progress, RunLogger, RunResult, check_config, make_replay, recent_return
 
 try:
     import torch
@@ -66,6 +66,14 @@ class SACConfig:
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
     device: str = "cpu"  # torch device
+
+    def __post_init__(self) -> None:
+        check_config(
+            self,
+            positive=("total_steps", "buffer_size", "batch_size", "actor_lr", "critic_lr",
+                      "alpha_lr", "train_freq", "gradient_steps", "init_temperature"),
+            fractions=("gamma", "tau"),
+        )  # fmt: skip
 
 
 def mlp(inp: int, out: int, hidden: tuple[int, ...]) -> Any:
