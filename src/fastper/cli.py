@@ -94,7 +94,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"fastper train: {exc}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
-    env = args.env or cls().env_id
+    env = args.env or overrides.pop("env_id", None) or cls().env_id
     try:
         results = train_many(
             args.algo, env, args.replay, seeds, args.steps, args.out,
@@ -191,12 +191,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(and TensorBoard logs if tensorboard is installed). Needs the `agents` extra.",
     )
     train.add_argument("algo", choices=["dqn", "sac"])
-    train.add_argument("--env", default=None, help="Gymnasium id (default CartPole-v1 / Pendulum-v1)")
+    train.add_argument(
+        "--env", default=None, help="Gymnasium id (default CartPole-v1 / Pendulum-v1)"
+    )
     train.add_argument(
         "--replay", nargs="+", choices=["uniform", "per", "rank"], default=["per"],
         help="replay scheme(s): uniform, per (proportional), rank (default per)",
     )  # fmt: skip
-    train.add_argument("--seeds", type=int, default=1, help="number of seeds per scheme (default 1)")
+    train.add_argument(
+        "--seeds", type=int, default=1, help="number of seeds per scheme (default 1)"
+    )
     train.add_argument("--seed-offset", type=int, default=0, help="first seed (default 0)")
     train.add_argument("--steps", type=int, default=None, help="environment steps per run")
     train.add_argument("--out", default="runs", help="output directory (default ./runs)")
@@ -220,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
     plot.add_argument("-o", "--output", default="curve.png", help="image file (default curve.png)")
-    plot.add_argument("--window", type=int, default=20, help="episodes averaged per point (default 20)")
+    plot.add_argument(
+        "--window", type=int, default=20, help="episodes averaged per point (default 20)"
+    )
     plot.add_argument("--title", default=None)
     plot.add_argument(
         "--include-unfinished", action="store_true",
