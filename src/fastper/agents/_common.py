@@ -27,6 +27,11 @@ CONFIG_JSON = "config.json"
 SUMMARY_JSON = "summary.json"  # written when a run finishes: marks it complete
 
 
+def check_replay(replay: Any) -> None:
+    if replay not in REPLAYS:
+        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={replay!r}")
+
+
 def make_replay(
     replay: str,
     capacity: int,
@@ -46,8 +51,7 @@ def make_replay(
     (proportional 0.6 / 0.4, rank-based 0.7 / 0.5); beta rises linearly from
     ``beta0`` to 1 over ``anneal_samples`` calls to ``sample`` and stays at 1.
     """
-    if replay not in REPLAYS:
-        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={replay!r}")
+    check_replay(replay)
     common: dict[str, Any] = {"n_step": n_step, "gamma": gamma, "seed": seed, "eps": eps}
     if replay == "uniform":
         return ReplayBuffer(capacity, fields, **common)
@@ -56,6 +60,30 @@ def make_replay(
     b0 = cls._default_beta if beta0 is None else beta0
     beta = schedules.linear(b0, 1.0, max(1, int(anneal_samples)))
     return cls(capacity, fields, alpha=a, beta=beta, **common)
+
+
+def agent_replay(cfg: Any, env: Any) -> _Buffer:
+    """The replay buffer an agent config asks for, with fields from ``env``'s spaces.
+
+    Beta is annealed over every ``sample`` call of the run: one per gradient
+    step, ``gradient_steps`` per training phase, a phase every ``train_freq``
+    environment steps after ``learning_starts``.
+    """
+    from ..spaces import fields_from_spaces
+
+    phases = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_freq
+    return make_replay(
+        cfg.replay,
+        cfg.buffer_size,
+        fields_from_spaces(env.observation_space, env.action_space),
+        alpha=cfg.alpha,
+        beta0=cfg.beta0,
+        anneal_samples=phases * cfg.gradient_steps,
+        n_step=cfg.n_step,
+        gamma=cfg.gamma,
+        eps=cfg.priority_eps,
+        seed=cfg.seed,
+    )
 
 
 @dataclass
@@ -176,8 +204,7 @@ class Progress:
 
 def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...] = ()) -> None:
     """Clear errors for hyperparameters out of range (called from ``__post_init__``)."""
-    if cfg.replay not in REPLAYS:
-        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={cfg.replay!r}")
+    check_replay(cfg.replay)
     for name in positive:
         value = getattr(cfg, name)
         if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
@@ -202,3 +229,66 @@ def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:
     if duration <= 0 or step >= duration:
         return end
     return start + (end - start) * step / duration
+
+
+class Collector:
+    """Steps one environment, stores every transition, logs episodes and progress.
+
+    Args:
+        algo: agent name for the run's metadata and progress line.
+        cfg: the agent's config (``env_id``, ``replay``, ``seed``, ``total_steps``).
+        env: the environment; reset here with ``cfg.seed``.
+        buffer: where each transition goes.
+        out_dir, progress: see :class:`RunLogger` and :class:`Progress`.
+
+    ``obs`` is the observation to act on; ``step(t, action)`` takes the
+    action, writes ``obs, action, reward, next_obs, terminated, truncated``
+    and resets the environment at an episode's end (a truncated episode
+    bootstraps, a terminated one does not: the buffer keeps both flags).
+    """
+
+    def __init__(
+        self,
+        algo: str,
+        cfg: Any,
+        env: Any,
+        buffer: _Buffer,
+        out_dir: str | Path | None,
+        progress: bool,
+    ) -> None:
+        self.cfg, self.env, self.buffer = cfg, env, buffer
+        meta = {"algo": algo, "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
+        self.log = RunLogger(out_dir, cfg, meta)
+        self._bar = Progress(cfg.total_steps, f"{algo} {cfg.replay} seed {cfg.seed}", progress)
+        self.obs, _ = env.reset(seed=cfg.seed)
+        env.action_space.seed(cfg.seed)
+        self._return, self._length = 0.0, 0
+
+    def step(self, t: int, action: Any) -> None:
+        """Environment step ``t`` (1-based) with ``action``."""
+        next_obs, reward, terminated, truncated, _ = self.env.step(action)
+        self.buffer.add(
+            {
+                "obs": self.obs,
+                "action": action,
+                "reward": reward,
+                "next_obs": next_obs,
+                "terminated": terminated,
+                "truncated": truncated,
+            }
+        )
+        self._return += float(reward)
+        self._length += 1
+        self.obs = next_obs
+        if terminated or truncated:
+            self.log.episode(t, self._return, self._length)
+            self.obs, _ = self.env.reset()
+            self._return, self._length = 0.0, 0
+        self._bar.update(t, recent_return(self.log.result.returns))
+
+    def close(self) -> RunResult:
+        """Finish the progress line, close the environment and the logs."""
+        total = self.cfg.total_steps
+        self._bar.update(total, recent_return(self.log.result.returns), force=True)
+        self.env.close()
+        return self.log.close(total)

@@ -19,15 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import (
-    Progress,
-    RunLogger,
-    RunResult,
-    check_config,
-    linear_epsilon,
-    make_replay,
-    recent_return,
-)
+from ._common import Collector, RunResult, agent_replay, check_config, linear_epsilon
 
 try:
     import torch
@@ -148,8 +140,6 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
     """
     import gymnasium as gym
 
-    from ..spaces import fields_from_spaces
-
     cfg = config
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -167,26 +157,9 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
     q_target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr, foreach=True)
 
-    phases = max(0, cfg.total_steps - cfg.learning_starts) // max(1, cfg.train_freq)
-    buffer = make_replay(
-        cfg.replay,
-        cfg.buffer_size,
-        fields_from_spaces(env.observation_space, env.action_space),
-        alpha=cfg.alpha,
-        beta0=cfg.beta0,
-        anneal_samples=phases * cfg.gradient_steps,
-        n_step=cfg.n_step,
-        gamma=cfg.gamma,
-        eps=cfg.priority_eps,
-        seed=cfg.seed,
-    )
-    meta = {"algo": "dqn", "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
-    log = RunLogger(out_dir, cfg, meta)
-    bar = Progress(cfg.total_steps, f"dqn {cfg.replay} seed {cfg.seed}", progress)
-
-    obs, _ = env.reset(seed=cfg.seed)
-    env.action_space.seed(cfg.seed)
-    ep_return, ep_len, grad_steps = 0.0, 0, 0
+    buffer = agent_replay(cfg, env)
+    run = Collector("dqn", cfg, env, buffer, out_dir, progress)
+    grad_steps = 0
     decay = int(cfg.eps_fraction * cfg.total_steps)
     for step in range(1, cfg.total_steps + 1):
         eps = linear_epsilon(step, cfg.eps_start, cfg.eps_end, decay)
@@ -194,26 +167,9 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
             action = int(rng.integers(n_actions))
         else:
             with torch.no_grad():
-                x = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(1, -1)
+                x = torch.as_tensor(run.obs, dtype=torch.float32, device=device).reshape(1, -1)
                 action = int(q(x).argmax(dim=1).item())
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        buffer.add(
-            {
-                "obs": obs,
-                "action": action,
-                "reward": reward,
-                "next_obs": next_obs,
-                "terminated": terminated,
-                "truncated": truncated,
-            }
-        )
-        ep_return += float(reward)
-        ep_len += 1
-        obs = next_obs
-        if terminated or truncated:
-            log.episode(step, ep_return, ep_len)
-            obs, _ = env.reset()
-            ep_return, ep_len = 0.0, 0
+        run.step(step, action)
 
         if step > cfg.learning_starts and step % cfg.train_freq == 0 and len(buffer) > 0:
             for _ in range(cfg.gradient_steps):
@@ -228,9 +184,6 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
                         for p, tp in zip(q.parameters(), q_target.parameters(), strict=True):
                             tp.lerp_(p, cfg.tau)
             if grad_steps % 100 < cfg.gradient_steps:
-                log.scalar("train/loss", loss, step)
-                log.scalar("train/beta", buffer.beta, step)
-        bar.update(step, recent_return(log.result.returns))
-    bar.update(cfg.total_steps, recent_return(log.result.returns), force=True)
-    env.close()
-    return log.close(cfg.total_steps)
+                run.log.scalar("train/loss", loss, step)
+                run.log.scalar("train/beta", buffer.beta, step)
+    return run.close()

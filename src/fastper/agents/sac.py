@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import Progress, RunLogger, RunResult, check_config, make_replay, recent_return
+from ._common import Collector, RunResult, agent_replay, check_config
 
 try:
     import torch
@@ -225,8 +225,6 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
     """
     import gymnasium as gym
 
-    from ..spaces import fields_from_spaces
-
     cfg = config
     torch.manual_seed(cfg.seed)
     env: Any = gym.make(cfg.env_id)
@@ -239,51 +237,17 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
     device = torch.device(cfg.device)
     st = make_state(obs_dim, act_dim, low, high, cfg, device)
 
-    phases = max(0, cfg.total_steps - cfg.learning_starts) // max(1, cfg.train_freq)
-    buffer = make_replay(
-        cfg.replay,
-        cfg.buffer_size,
-        fields_from_spaces(env.observation_space, env.action_space),
-        alpha=cfg.alpha,
-        beta0=cfg.beta0,
-        anneal_samples=phases * cfg.gradient_steps,
-        n_step=cfg.n_step,
-        gamma=cfg.gamma,
-        eps=cfg.priority_eps,
-        seed=cfg.seed,
-    )
-    meta = {"algo": "sac", "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
-    log = RunLogger(out_dir, cfg, meta)
-    bar = Progress(cfg.total_steps, f"sac {cfg.replay} seed {cfg.seed}", progress)
-
-    obs, _ = env.reset(seed=cfg.seed)
-    env.action_space.seed(cfg.seed)
-    ep_return, ep_len, grad_steps = 0.0, 0, 0
+    buffer = agent_replay(cfg, env)
+    run = Collector("sac", cfg, env, buffer, out_dir, progress)
+    grad_steps = 0
     for step in range(1, cfg.total_steps + 1):
         if step <= cfg.learning_starts:
             action = np.asarray(env.action_space.sample(), dtype=np.float32)
         else:
             with torch.no_grad():
-                x = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(1, -1)
+                x = torch.as_tensor(run.obs, dtype=torch.float32, device=device).reshape(1, -1)
                 action = st.actor(x)[0].cpu().numpy().reshape(env.action_space.shape)
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        buffer.add(
-            {
-                "obs": obs,
-                "action": action,
-                "reward": reward,
-                "next_obs": next_obs,
-                "terminated": terminated,
-                "truncated": truncated,
-            }
-        )
-        ep_return += float(reward)
-        ep_len += 1
-        obs = next_obs
-        if terminated or truncated:
-            log.episode(step, ep_return, ep_len)
-            obs, _ = env.reset()
-            ep_return, ep_len = 0.0, 0
+        run.step(step, action)
 
         if step > cfg.learning_starts and step % cfg.train_freq == 0:
             for _ in range(cfg.gradient_steps):
@@ -293,8 +257,5 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
                 grad_steps += 1
             if grad_steps % 200 < cfg.gradient_steps:
                 for name, value in losses.items():
-                    log.scalar(f"train/{name}", value, step)
-        bar.update(step, recent_return(log.result.returns))
-    bar.update(cfg.total_steps, recent_return(log.result.returns), force=True)
-    env.close()
-    return log.close(cfg.total_steps)
+                    run.log.scalar(f"train/{name}", value, step)
+    return run.close()
