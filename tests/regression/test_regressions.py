@@ -366,3 +366,21 @@ def test_load_mixed_the_size_of_one_file_with_the_bytes_of_another(tmp_path, mon
 
     monkeypatch.setattr(ckpt, "open", open_after_a_rename, raising=False)
     assert len(fastper.load(path)) == 50
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac"])
+def test_agent_sampled_an_empty_nstep_buffer_when_learning_started_at_once(algo) -> None:
+    """With n_step > 1 nothing is stored for the first n - 1 steps of an episode."""
+    pytest.importorskip("torch")
+    pytest.importorskip("gymnasium")
+    from fastper.agents import dqn, sac
+
+    if algo == "dqn":
+        cfg = dqn.DQNConfig(total_steps=6, learning_starts=0, train_freq=1, n_step=3,
+                            batch_size=4, hidden=(8,))  # fmt: skip
+        res = dqn.train(cfg, progress=False)
+    else:
+        cfg = sac.SACConfig(total_steps=6, learning_starts=0, n_step=3, batch_size=4,
+                            hidden=(8,))  # fmt: skip
+        res = sac.train(cfg, progress=False)
+    assert res.steps == 6

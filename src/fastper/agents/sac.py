@@ -249,7 +249,8 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
                 action = st.actor(x)[0].cpu().numpy().reshape(env.action_space.shape)
         run.step(step, action)
 
-        if step > cfg.learning_starts and step % cfg.train_freq == 0:
+        # len(buffer) > 0: with n_step > 1 the first n - 1 steps store nothing yet
+        if step > cfg.learning_starts and step % cfg.train_freq == 0 and len(buffer) > 0:
             for _ in range(cfg.gradient_steps):
                 sample = buffer.sample(cfg.batch_size)
                 td, losses = update(st, sample.to_torch(device), cfg.gamma, cfg.tau)
