@@ -41,15 +41,9 @@ import numba
 import numpy as np
 
 import fastper
+from fastper._bench import FIELDS  # the CartPole-like workload of `fastper bench`
 from fastper._kernels import tree as _tk
 
-FIELDS = {
-    "obs": ((4,), np.float32),
-    "action": ((), np.int64),
-    "reward": ((), np.float32),
-    "next_obs": ((4,), np.float32),
-    "done": ((), np.float32),
-}
 #: the kernels a learner step and an add run, in their module
 KERNELS = ("prop_sample", "prop_update", "prop_write", "prop_write_run", "slot_keys")
 

@@ -41,20 +41,9 @@ from pathlib import Path
 import numpy as np
 
 import fastper
+from fastper._bench import FIELDS, KINDS  # the workload and buffers of `fastper bench`
 
 HERE = Path(__file__).resolve().parent
-FIELDS = {
-    "obs": ((4,), np.float32),
-    "action": ((), np.int64),
-    "reward": ((), np.float32),
-    "next_obs": ((4,), np.float32),
-    "done": ((), np.float32),
-}
-CLASSES = {
-    "uniform": fastper.ReplayBuffer,
-    "proportional": fastper.PrioritizedReplayBuffer,
-    "rank": fastper.RankBasedReplayBuffer,
-}
 
 
 def rss_mib() -> float:
@@ -95,14 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--interval", type=int, default=250_000, help="steps per reported window")
     ap.add_argument("--adds-per-step", type=int, default=4, help="transitions added per step")
-    ap.add_argument("--kind", choices=list(CLASSES), default="proportional")
+    ap.add_argument("--kind", choices=list(KINDS), default="proportional")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", type=Path, default=HERE / "results" / "soak.csv")
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
     rss0 = rss_mib()
-    buf = CLASSES[args.kind](args.capacity, FIELDS, seed=args.seed)
+    buf = KINDS[args.kind](args.capacity, FIELDS, seed=args.seed)
     chunk = 4096
     for start in range(0, args.capacity, chunk):
         buf.add(transitions(min(chunk, args.capacity - start), rng))
