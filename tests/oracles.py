@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import copy
 import math
+import time
+import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 
 def naive_find(leaves: np.ndarray, target: float) -> int:
@@ -72,3 +76,19 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
             assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), k
         else:
             assert va == vb, k
+
+
+def refusal_cost(
+    read: Callable[[Any], Any], path: Any, error: Any
+) -> tuple[BaseException, int, float]:
+    """Call ``read(path)``, which must raise ``error``; return the error, the peak
+    memory traced while it ran (bytes) and its duration (seconds)."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(error) as info:
+            read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return info.value, peak, time.perf_counter() - t0

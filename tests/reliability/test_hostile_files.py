@@ -22,7 +22,6 @@ import json
 import pickle
 import struct
 import time
-import tracemalloc
 import zipfile
 import zlib
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 import pytest
 
 import fastper
+from tests.oracles import refusal_cost
 
 MAGIC = b"\x89FPCKPT\n"
 PREFIX = struct.Struct("<8sIQ")
@@ -102,16 +102,8 @@ def _split(raw: bytes) -> tuple[dict[str, Any], bytes]:
 def _refused_bounded(path: Path, *, max_bytes: int = 16 * 2**20, max_s: float = 5.0) -> None:
     """load and read_metadata(verify=True) raise CheckpointError, quickly and in little memory."""
     for reader in (fastper.load, lambda p: fastper.read_metadata(p, verify=True)):
-        tracemalloc.start()
-        t0 = time.perf_counter()
-        try:
-            with pytest.raises(REFUSED) as info:
-                reader(path)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        elapsed = time.perf_counter() - t0
-        assert str(info.value), "an error without a message"
+        err, peak, elapsed = refusal_cost(reader, path, REFUSED)
+        assert str(err), "an error without a message"
         assert peak < max_bytes, f"{peak} bytes allocated to refuse {path.name}"
         assert elapsed < max_s, f"{elapsed:.1f} s to refuse {path.name}"
 

@@ -18,7 +18,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import pytest
 import fastper
 from fastper import schedules
 from tests.conftest import CARTPOLE_FIELDS, make_batch
-from tests.oracles import assert_same_state, snapshot
+from tests.oracles import assert_same_state, refusal_cost, snapshot
 
 MAGIC = b"\x89FPCKPT\n"
 PREFIX = struct.Struct("<8sIQ")
@@ -540,13 +539,7 @@ def test_crafted_header_is_rejected(case, small_ckpt, tmp_path):
     assert len(fastper.load(ok)) == 5  # re-framing alone is fine: the mutation is the defect
     bad = tmp_path / "crafted.fpk"
     bad.write_bytes(_mutated_header(small_ckpt, CRAFTED_TABLE[case]))
-    tracemalloc.start()
-    try:
-        with pytest.raises(fastper.CheckpointError):
-            fastper.load(bad)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    _, peak, _ = refusal_cost(fastper.load, bad, fastper.CheckpointError)
     assert peak < 16 * 2**20, f"{peak} bytes allocated while rejecting the file"
 
 
