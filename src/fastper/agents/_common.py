@@ -180,7 +180,8 @@ class Progress:
         self._t0 = time.perf_counter()
         self._last = 0.0
 
-    def update(self, step: int, recent: float | None, force: bool = False) -> None:
+    def update(self, step: int, returns: list[float], force: bool = False) -> None:
+        """Redraw (at most twice a second unless ``force``) with the mean of the last 10 returns."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -192,7 +193,7 @@ class Progress:
         filled = int(frac * width)
         rate = step / max(now - self._t0, 1e-9)
         left = (self.total - step) / rate if rate > 0 else math.inf
-        ret = "" if recent is None else f" return(10) {recent:8.1f}"
+        ret = f" return(10) {float(np.mean(returns[-10:])):8.1f}" if returns else ""
         bar = "#" * filled + "." * (width - filled)
         sys.stderr.write(
             f"\r{self.desc} [{bar}] {step}/{self.total} {rate:6.0f} steps/s eta {left:5.0f}s{ret}"
@@ -218,10 +219,6 @@ def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...]
             "`learning_starts` and `seed` must be >= 0 and `n_step` >= 1, got "
             f"learning_starts={cfg.learning_starts}, seed={cfg.seed}, n_step={cfg.n_step}"
         )
-
-
-def recent_return(returns: list[float], k: int = 10) -> float | None:
-    return float(np.mean(returns[-k:])) if returns else None
 
 
 def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:
@@ -284,11 +281,11 @@ class Collector:
             self.log.episode(t, self._return, self._length)
             self.obs, _ = self.env.reset()
             self._return, self._length = 0.0, 0
-        self._bar.update(t, recent_return(self.log.result.returns))
+        self._bar.update(t, self.log.result.returns)
 
     def close(self) -> RunResult:
         """Finish the progress line, close the environment and the logs."""
         total = self.cfg.total_steps
-        self._bar.update(total, recent_return(self.log.result.returns), force=True)
+        self._bar.update(total, self.log.result.returns, force=True)
         self.env.close()
         return self.log.close(total)
