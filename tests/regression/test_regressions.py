@@ -13,7 +13,7 @@ import pytest
 
 import fastper
 from fastper.checkpoint import _PREFIX, MAGIC
-from tests.oracles import refusal_cost
+from tests.oracles import assert_same_state, refusal_cost, snapshot
 
 
 def test_float_just_past_int64_max_is_rejected_not_wrapped() -> None:
@@ -223,9 +223,11 @@ def test_save_refuses_a_header_that_load_would_refuse(tmp_path, monkeypatch) -> 
     )
     buf.save(tmp_path / "ok.fpk")
     monkeypatch.setattr(checkpoint, "_MAX_HEADER", 16_000)  # the header is ~20 KB
+    before = snapshot(buf)
     with pytest.raises(ValueError, match="header"):
         buf.save(tmp_path / "huge.fpk")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.fpk"]
+    assert_same_state(before, snapshot(buf))
 
 
 def _frame_raw(header: bytes, data: bytes = b"") -> bytes:
