@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import CONFIG_JSON, EPISODES_CSV, SUMMARY_JSON
+from ._common import CONFIG_JSON, EPISODES_CSV, REPLAYS, SUMMARY_JSON
 
 # two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom
 _T975 = (
@@ -124,7 +124,9 @@ def find_runs(dirs: Iterable[str | Path], include_unfinished: bool = False) -> l
     return [found[k] for k in sorted(found)]
 
 
-_IGNORED = {"seed", "device", "replay", "env_id"}
+# not grouping keys: seeds vary by design, replay and env are in the base key, and
+# runs of one scheme with different lengths stay one scheme (curves cut to the shortest)
+_IGNORED = {"seed", "device", "replay", "env_id", "total_steps"}
 
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
@@ -134,25 +136,18 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     varying = [
         k for k in all_keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1
     ]
+    one_env = len({(r.meta.get("algo"), r.meta.get("env_id")) for r in runs}) == 1
     for r in runs:
         base = (r.meta.get("algo", "?"), r.meta.get("env_id", "?"), r.meta.get("replay", "?"))
-        extra = tuple(
-            (k, json.dumps(r.config.get(k), sort_keys=True))
-            for k in varying
-            if k not in ("total_steps",)
-        )
+        extra = tuple((k, json.dumps(r.config.get(k), sort_keys=True)) for k in varying)
         key = base + extra
         if key not in keys:
-            label = (
-                base[2]
-                if len({(x.meta.get("algo"), x.meta.get("env_id")) for x in runs}) == 1
-                else " ".join(map(str, base))
-            )
+            label = base[2] if one_env else " ".join(map(str, base))
             if extra:
                 label += " (" + ", ".join(f"{k}={v}" for k, v in extra) + ")"
             keys[key] = Group(label)
         keys[key].runs.append(r)
-    order = {"uniform": 0, "per": 1, "rank": 2}
+    order = {name: i for i, name in enumerate(REPLAYS)}
     return sorted(
         keys.values(), key=lambda g: (order.get(g.runs[0].meta.get("replay", ""), 9), g.label)
     )
