@@ -157,6 +157,7 @@ class _Buffer:
                 f"`weight_norm` must be one of {list(NORM_CODES)}, got weight_norm={weight_norm!r}"
             )
         self._weight_norm = weight_norm
+        self._norm_code = NORM_CODES[weight_norm]
         n_step = check_int("n_step", n_step, minimum=1)
         self._nstep: NStepWriter | None = None
         stored = input_fields
@@ -186,6 +187,7 @@ class _Buffer:
         self._max_priority = 1.0
         self._stale_updates = 0
         self._lock = threading.RLock()
+        self._status = np.zeros(4, dtype=np.int64)  # update kernels' result codes
 
     # -- construction hooks --------------------------------------------------
     def _make_sampler(self, alpha: float) -> Sampler:  # pragma: no cover - abstract
@@ -425,15 +427,15 @@ class _Buffer:
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
         u = self._rng.random(b)
-        idx, prob, w = self._sampler.sample(
-            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm]
+        idx, prob, w, keys = self._sampler.sample_keyed(
+            u, n, beta_v, self._stratified, self._norm_code, self._key_base, self._added
         )
         batch = SampleBatch(
             data=self._storage.gather(idx),
             indices=idx,
             weights=w,
             probabilities=prob,
-            keys=self._keys_of(idx),
+            keys=keys,
         )
         self._step += 1
         return batch
@@ -464,7 +466,7 @@ class _Buffer:
                     f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
                     f"got {name} with {arr.shape[0]}"
                 )
-        status = np.zeros(4, dtype=np.int64)
+        status = self._status  # the kernel resets it; the lock keeps it ours
         pmax = self._sampler.update_from_td(
             idx, td, key_arr, use_keys, self._eps, self._clip_value, len(self),
             self._key_base, self._added, status,

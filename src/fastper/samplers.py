@@ -47,6 +47,16 @@ class Sampler:
     #: log of the largest allowed ``p ** alpha`` (only trees need a bound)
     log_limit = math.inf
 
+    def priority_limit(self, alpha: float | None = None) -> float:
+        """Largest raw priority ``p`` with ``p ** alpha <= exp(log_limit)`` (inf if none)."""
+        a = self.alpha if alpha is None else alpha
+        if a <= 0.0 or self.log_limit == math.inf:
+            return math.inf
+        try:
+            return math.exp(self.log_limit / a)
+        except OverflowError:  # every finite p is allowed
+            return math.inf
+
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
@@ -66,7 +76,7 @@ class Sampler:
         out_idx = np.empty(b, dtype=np.int64)
         out_p = np.empty(b, dtype=np.float64)
         pmax = _tk.td_priorities(
-            idx, td, keys, use_keys, eps, clip, self.alpha, self.log_limit, size, key_base,
+            idx, td, keys, use_keys, eps, clip, self.priority_limit(), size, key_base,
             added, self.capacity, out_idx, out_p, status,
         )  # fmt: skip
         if status[0] == 0 and status[2]:
@@ -91,6 +101,17 @@ class Sampler:
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def sample_keyed(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """:meth:`sample` plus the key of each sampled slot's occupant
+        (see :func:`fastper._kernels.tree.slot_keys`)."""
+        idx, prob, w = self.sample(u, n, beta, stratified, norm)
+        keys = np.empty(idx.shape[0], dtype=np.int64)
+        _tk.slot_keys(idx, key_base, added, self.capacity, keys)
+        return idx, prob, w, keys
 
     def clear(self) -> None:
         self.raw[:] = 0.0
@@ -141,7 +162,9 @@ class ProportionalSampler(Sampler):
         self.sinner = np.zeros(int(self.offs[-1]), dtype=np.float64)
         self.minner = np.full(int(self.offs[-1]), np.inf, dtype=np.float64)
         self.log_limit = math.log(float(np.finfo(np.float64).max / (2 * n_leaves)))
-        self._scratch = np.empty(1024, dtype=np.int64)
+        self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
+        self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
+        self._pscratch = np.empty(512, dtype=np.float64)  # priorities of an update
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
         if self._scratch.shape[0] < slots.shape[0]:
@@ -158,12 +181,13 @@ class ProportionalSampler(Sampler):
         b = idx.shape[0]
         if self._scratch.shape[0] < 2 * b:
             self._scratch = np.empty(2 * b, dtype=np.int64)
-        out_p = np.empty(b, dtype=np.float64)
+        if self._pscratch.shape[0] < b:
+            self._pscratch = np.empty(b, dtype=np.float64)
         return float(
             _tk.prop_update(
                 self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-                idx, td, keys, use_keys, eps, clip, self.alpha, self.log_limit, size,
-                key_base, added, self.capacity, out_p, self._scratch, status,
+                idx, td, keys, use_keys, eps, clip, self.alpha, self.priority_limit(), size,
+                key_base, added, self.capacity, self._pscratch, self._scratch, status,
             )
         )  # fmt: skip
 
@@ -181,12 +205,12 @@ class ProportionalSampler(Sampler):
 
     @property
     def total(self) -> float:
-        return float(self.sinner[self.offs[self.depth]])
+        return float(self.sinner[self._root])
 
     def check_priorities(self, name: str, p: np.ndarray, alpha: float | None = None) -> None:
         a = self.alpha if alpha is None else alpha
         pmax = float(p.max()) if p.size else 0.0
-        if pmax > 0.0 and a * math.log(pmax) > self.log_limit:
+        if pmax > self.priority_limit(a):
             raise ValueError(
                 f"`{name}` must keep p**alpha <= {math.exp(self.log_limit):.3e} so the sum tree "
                 f"stays finite, got max {name}={pmax!r} with alpha={a!r}"
@@ -202,15 +226,22 @@ class ProportionalSampler(Sampler):
     def sample(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.sample_keyed(u, n, beta, stratified, norm, 0, n)[:3]
+
+    def sample_keyed(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         b = u.shape[0]
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
+        keys = np.empty(b, dtype=np.int64)
         _tk.prop_sample(
             self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            u, stratified, beta, n, norm, idx, prob, w,
+            u, stratified, beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
         )  # fmt: skip
-        return idx, prob, w
+        return idx, prob, w, keys
 
     def probabilities(self, idx: np.ndarray) -> np.ndarray:
         return self.leaves[idx] / self.total

@@ -129,7 +129,7 @@ def test_key_arithmetic_at_huge_capacities(cap):
         out_idx = np.empty_like(slots)
         out_p = np.empty(slots.shape[0])
         status = np.zeros(4, dtype=np.int64)
-        _tk.td_priorities(slots, td, keys, True, 1e-6, np.inf, 0.6, math.inf, cap, key_base,
+        _tk.td_priorities(slots, td, keys, True, 1e-6, np.inf, math.inf, cap, key_base,
                           added, cap, out_idx, out_p, status)  # fmt: skip
         assert status[0] == 0
         fresh = [j for j in range(slots.shape[0]) if keys[j] == want[j]]

@@ -336,8 +336,7 @@ def td_priorities(
     use_keys,
     eps,
     clip,
-    alpha,
-    log_limit,
+    p_limit,
     size,
     key_base,
     added,
@@ -351,8 +350,10 @@ def td_priorities(
     Writes the surviving slots and priorities to ``out_idx`` / ``out_p``.
     ``status`` (int64[4]) receives [error code, position of the first bad
     entry, entries kept, entries dropped as stale]. Error codes: 1 index out
-    of range, 2 slot never written, 3 td not finite, 4 ``p**alpha`` above
-    ``exp(log_limit)``, 5 a key never issued. On an error nothing is kept.
+    of range, 2 slot never written, 3 td not finite, 4 priority above
+    ``p_limit`` (the largest whose ``p**alpha`` the tree can hold; one compare
+    instead of a log per entry), 5 a key never issued. On an error nothing is
+    kept.
     Returns the largest kept priority (0.0 if none).
     """
     b = indices.shape[0]
@@ -370,7 +371,7 @@ def td_priorities(
             status[0] = 3
         else:
             p = min(abs(td[k]), clip) + eps
-            if p > 0.0 and alpha * np.log(p) > log_limit:
+            if p > p_limit:
                 status[0] = 4
             elif use_keys and (keys[k] < 0 or keys[k] >= added):
                 status[0] = 5
@@ -410,7 +411,7 @@ def prop_update(
     eps,
     clip,
     alpha,
-    log_limit,
+    p_limit,
     size,
     key_base,
     added,
@@ -433,8 +434,7 @@ def prop_update(
         use_keys,
         eps,
         clip,
-        alpha,
-        log_limit,
+        p_limit,
         size,
         key_base,
         added,
@@ -472,16 +472,22 @@ def prop_sample(
     beta,
     n,
     norm_mode,
+    key_base,
+    added,
+    capacity,
     out_idx,
     out_prob,
     out_w,
+    out_keys,
 ):  # pragma: no cover - compiled
-    """Draw ``len(u)`` leaves, their probabilities and importance weights.
+    """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
 
     ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
     ``k``-th of ``B`` equal slices of the total mass. ``norm_mode``: 0 = divide
     by the buffer-wide largest weight (smallest positive leaf, from the min
-    tree), 1 = by the batch's largest weight, 2 = no normalisation.
+    tree), 1 = by the batch's largest weight, 2 = no normalisation. Keys as
+    :func:`slot_keys` (``key_base``, ``added``, ``capacity``): one call does
+    what four did, and each call costs a dispatch of about 1 us.
     """
     total = sinner[offs[depth]]
     b = u.shape[0]
@@ -512,3 +518,4 @@ def prop_sample(
             out_w[k] = (n * (out_prob[k] / total)) ** (-beta)
     for k in range(b):
         out_prob[k] = out_prob[k] / total
+    slot_keys(out_idx, key_base, added, capacity, out_keys)
