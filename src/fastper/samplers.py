@@ -150,17 +150,22 @@ class ProportionalSampler(Sampler):
     """P(i) = p_i^alpha / sum_k p_k^alpha, from a sum tree; weights from a min tree.
 
     The min tree shares the sum tree's leaves and only adds internal nodes
-    (about 1/7 of a float64 per slot); it skips zero leaves.
+    (about 1/7 of a float64 per slot); it skips zero leaves. Only weights
+    normalised by the buffer-wide largest weight need it: with
+    ``track_min=False`` it is not built, and every priority write skips its
+    half of the path updates.
     """
 
     kind = "proportional"
 
-    def __init__(self, capacity: int, alpha: float) -> None:
+    def __init__(self, capacity: int, alpha: float, track_min: bool = True) -> None:
         super().__init__(capacity, alpha)
         n_leaves, self.offs, self.depth = _tk.layout(capacity)
+        self.track_min = bool(track_min)
         self.leaves = np.zeros(n_leaves, dtype=np.float64)
         self.sinner = np.zeros(int(self.offs[-1]), dtype=np.float64)
-        self.minner = np.full(int(self.offs[-1]), np.inf, dtype=np.float64)
+        # without the min tree the kernels still take an array; they never index it
+        self.minner = np.full(int(self.offs[-1]) if track_min else 1, np.inf, dtype=np.float64)
         self.log_limit = math.log(float(np.finfo(np.float64).max / (2 * n_leaves)))
         self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
@@ -171,7 +176,7 @@ class ProportionalSampler(Sampler):
             self._scratch = np.empty(slots.shape[0], dtype=np.int64)
         _tk.prop_write(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            slots, p, self.alpha, self._scratch,
+            slots, p, self.alpha, self._scratch, self.track_min,
         )  # fmt: skip
 
     def update_from_td(
@@ -188,20 +193,22 @@ class ProportionalSampler(Sampler):
                 self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
                 idx, td, keys, use_keys, eps, clip, self.alpha, self.priority_limit(), size,
                 key_base, added, self.capacity, self._pscratch, self._scratch, status,
+                self.track_min,
             )
         )  # fmt: skip
 
     def write_run(self, start: int, count: int, p: float) -> None:
         _tk.prop_write_run(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            start, count, p, self.alpha,
+            start, count, p, self.alpha, self.track_min,
         )  # fmt: skip
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
         _tk.prop_rebuild(
-            self.raw, n, self.leaves, self.sinner, self.minner, self.offs, self.depth, self.alpha
-        )
+            self.raw, n, self.leaves, self.sinner, self.minner, self.offs, self.depth, self.alpha,
+            self.track_min,
+        )  # fmt: skip
 
     @property
     def total(self) -> float:
@@ -232,6 +239,8 @@ class ProportionalSampler(Sampler):
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        if norm == 0 and not self.track_min:
+            raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         b = u.shape[0]
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)

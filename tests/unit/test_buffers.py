@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import fastper
 from fastper import (
     EmptyBufferError,
     FieldTypeError,
@@ -21,6 +22,7 @@ from fastper import (
     ZeroPriorityError,
     schedules,
 )
+from fastper.samplers import ProportionalSampler
 from tests.conftest import CARTPOLE_FIELDS, make_batch
 from tests.oracles import assert_same_state, proportional_probs, rank_probs, snapshot
 
@@ -385,6 +387,48 @@ def test_weights_no_norm(cls) -> None:
     batch = buf.sample(16, beta=0.8)
     np.testing.assert_allclose(batch.weights, np.power(50 * probs[batch.indices], -0.8), rtol=1e-10)
     assert batch.weights.max() > 1.0  # unnormalised: (N P)^-beta > 1 for rare items
+
+
+@pytest.mark.parametrize("norm", ["batch", "none"])
+def test_proportional_without_buffer_norm_skips_the_min_tree(norm, tmp_path) -> None:
+    # Only buffer-wide normalisation reads the min tree. Without it the tree is
+    # not kept, yet draws, probabilities and the sum tree are bit for bit those
+    # of a buffer that keeps it, through adds, updates, alpha changes and a
+    # checkpoint.
+    kw = {"capacity": 300, "alpha": 0.7, "beta": 0.6, "seed": 4}
+    ref = PrioritizedReplayBuffer(**kw, fields=CARTPOLE_FIELDS, weight_norm="buffer")
+    buf = PrioritizedReplayBuffer(**kw, fields=CARTPOLE_FIELDS, weight_norm=norm)
+    rng = np.random.default_rng(5)
+    for step in range(40):
+        batch = make_batch(17, 17 * step)
+        for b in (ref, buf):
+            b.add(batch)
+        got, want = buf.sample(32), ref.sample(32)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.probabilities, want.probabilities)
+        np.testing.assert_array_equal(got.keys, want.keys)
+        if norm == "batch":
+            expected = np.power(got.probabilities / got.probabilities.min(), -0.6)
+        else:
+            expected = np.power(len(buf) * got.probabilities, -0.6)
+        np.testing.assert_allclose(got.weights, expected, rtol=1e-12)
+        td = rng.standard_normal(32) * (rng.random(32) < 0.9)  # some zero priorities too
+        for b, s in ((ref, want), (buf, got)):
+            b.update_priorities(s.indices, td, s.keys)
+        if step == 20:
+            for b in (ref, buf):
+                b.set_alpha(0.5)
+    sb, sr = buf._sampler, ref._sampler
+    assert isinstance(sb, ProportionalSampler) and isinstance(sr, ProportionalSampler)
+    assert not sb.track_min and sr.track_min
+    np.testing.assert_array_equal(sb.leaves, sr.leaves)
+    np.testing.assert_array_equal(sb.sinner, sr.sinner)
+    assert sb.minner.size == 1 and buf.nbytes()["index"] < ref.nbytes()["index"]
+    buf.save(tmp_path / "b.fpk")
+    back = fastper.load(tmp_path / "b.fpk")
+    assert not back._sampler.track_min
+    np.testing.assert_array_equal(back._sampler.sinner, sb.sinner)
+    np.testing.assert_array_equal(back.sample(32).indices, ref.sample(32).indices)
 
 
 @pytest.mark.parametrize("norm", ["buffer", "batch", "none"])

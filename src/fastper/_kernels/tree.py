@@ -252,12 +252,13 @@ def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - co
 
 @njit(cache=True, nogil=True)
 def prop_write(
-    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch
+    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch, with_min
 ):  # pragma: no cover
     """Set raw priorities ``p`` and leaves ``p ** alpha``; last duplicate wins.
 
     The min tree shares the sum tree's leaves and skips zeros: a zero-priority
-    slot is never sampled, so it must not set the largest weight either. Leaves
+    slot is never sampled, so it must not set the largest weight either. It is
+    only kept up to date ``with_min`` (weights normalised buffer-wide). Leaves
     are made here and in :func:`prop_rebuild` by the same scalar pow, so a
     rebuilt tree is bit-identical to an updated one.
 
@@ -274,12 +275,13 @@ def prop_write(
         raw[i] = p[k]
         leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
     fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
-    fix_paths(leaves, minner, offs, depth, indices, scratch, MIN_POSITIVE)
+    if with_min:
+        fix_paths(leaves, minner, offs, depth, indices, scratch, MIN_POSITIVE)
 
 
 @njit(cache=True, nogil=True)
 def prop_write_run(
-    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha
+    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha, with_min
 ):  # pragma: no cover
     """Give the ``count`` slots from ``start`` (no wrap) the same priority ``p``.
 
@@ -298,16 +300,18 @@ def prop_write_run(
         hi //= K
         for j in range(lo, hi + 1):
             _sum_node(leaves, sinner, offs, level, j)
-            _min_node(leaves, minner, offs, level, j, True)
+            if with_min:
+                _min_node(leaves, minner, offs, level, j, True)
 
 
 @njit(cache=True, nogil=True)
-def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha):  # pragma: no cover
+def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha, with_min):  # pragma: no cover
     """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
     for i in range(n):
         leaves[i] = raw[i] ** alpha if raw[i] > 0.0 else 0.0
     rebuild(leaves, sinner, offs, depth, SUM)
-    rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
+    if with_min:
+        rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -419,6 +423,7 @@ def prop_update(
     out_p,
     scratch,
     status,
+    with_min,
 ):  # pragma: no cover - compiled
     """:func:`td_priorities` then :func:`prop_write` in one call (one dispatch).
 
@@ -456,6 +461,7 @@ def prop_update(
             out_p[:kept],
             alpha,
             scratch[b:],
+            with_min,
         )
     return pmax
 
