@@ -162,10 +162,11 @@ class ProportionalSampler(Sampler):
         super().__init__(capacity, alpha)
         n_leaves, self.offs, self.depth = _tk.layout(capacity)
         self.track_min = bool(track_min)
-        self.leaves = np.zeros(n_leaves, dtype=np.float64)
-        self.sinner = np.zeros(int(self.offs[-1]), dtype=np.float64)
+        # nodes must not straddle cache lines: see aligned_full
+        self.leaves = _tk.aligned_full(n_leaves, 0.0)
+        self.sinner = _tk.aligned_full(int(self.offs[-1]), 0.0)
         # without the min tree the kernels still take an array; they never index it
-        self.minner = np.full(int(self.offs[-1]) if track_min else 1, np.inf, dtype=np.float64)
+        self.minner = _tk.aligned_full(int(self.offs[-1]) if track_min else 1, np.inf)
         self.log_limit = math.log(float(np.finfo(np.float64).max / (2 * n_leaves)))
         self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space

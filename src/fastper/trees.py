@@ -28,8 +28,8 @@ class _Tree:
     def __init__(self, capacity: int) -> None:
         self._capacity = check_int("capacity", capacity, minimum=1)
         n_leaves, self._offs, self._depth = _k.layout(self._capacity)
-        self._leaves = np.full(n_leaves, self._fill, dtype=np.float64)
-        self._inner = np.full(int(self._offs[-1]), self._fill, dtype=np.float64)
+        self._leaves = _k.aligned_full(n_leaves, self._fill)  # nodes within cache lines
+        self._inner = _k.aligned_full(int(self._offs[-1]), self._fill)
         self._scratch = np.empty(0, dtype=np.int64)
         self._lock = threading.Lock()
 

@@ -536,3 +536,18 @@ def test_bad_find_targets_raise_and_change_nothing(targets: object, exc: type, m
         with pytest.raises(exc, match=match):
             tree.find(targets[0])
     assert_bits_equal(tree.state(), before)
+
+
+@pytest.mark.parametrize("capacity", [1, 9, 1000, 70_001])
+def test_tree_arrays_start_on_cache_lines(capacity: int) -> None:
+    # A node's 8 children fill one 64-byte line only if the arrays start on a
+    # line: numpy alone aligns to 16 bytes, which split every node in two.
+    from fastper import PrioritizedReplayBuffer
+    from tests.conftest import CARTPOLE_FIELDS
+
+    arrays = [SumTree(capacity)._leaves, SumTree(capacity)._inner, MinTree(capacity)._inner]
+    sampler = PrioritizedReplayBuffer(capacity, CARTPOLE_FIELDS)._sampler
+    arrays += [sampler.leaves, sampler.sinner, sampler.minner]
+    for a in arrays:
+        assert a.ctypes.data % 64 == 0
+        assert a.dtype == np.float64 and a.flags.c_contiguous
