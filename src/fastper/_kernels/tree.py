@@ -213,52 +213,113 @@ def gather(src, indices, out):  # pragma: no cover - compiled
 # ---------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pick_child(a, base, t):  # pragma: no cover - compiled
+    """Child of the node ``a[base:base+8]`` whose range holds target ``t``.
+
+    Returns ``(c, t')`` with ``t'`` = ``t`` minus the children before ``c``: a
+    binary search over the node's pairwise partial sums (those :func:`_sum8`
+    adds, so the two halves add up to exactly the node's stored value).
+    Which child a random target takes is unpredictable, so the three steps are
+    arithmetic, not branches (``g`` is 0.0 or 1.0, so ``t - v * g`` is exactly
+    ``t`` or ``t - v``): a mispredicted branch per step cost more than the rest
+    of the search. Measured at B = 256 against scanning the children in order:
+    23 -> 17 us at N = 2^20, 37 -> 22 us at N = 2^22.
+
+    Nothing here guards against zero children or a target past the node's sum;
+    :func:`sum_find` checks the leaf a descent ends on.
+    """
+    h = (a[base] + a[base + 1]) + (a[base + 2] + a[base + 3])
+    g = 1.0 if t >= h else 0.0
+    c = 4 * int(g)
+    t = t - h * g
+    q = a[base + c] + a[base + c + 1]
+    g = 1.0 if t >= q else 0.0
+    c += 2 * int(g)
+    t = t - q * g
+    v = a[base + c]
+    g = 1.0 if t >= v else 0.0
+    c += int(g)
+    t = t - v * g
+    return c, t
+
+
+@njit(cache=True, nogil=True)
+def _find_careful(leaves, inner, offs, depth, target):  # pragma: no cover - compiled
+    """One target, scanning each node's children in order: the slow, careful path.
+
+    Zero children are never entered, and a target at or past the computed sum
+    of a node (a few ulps under the total, or rounding in the levels above)
+    takes the node's last positive child and keeps the target at or past its
+    end, so that the levels below do the same: the leaf found is positive
+    whenever the root is.
+    """
+    j = 0
+    t = target
+    for level in range(depth, 0, -1):
+        base = K * j if level == 1 else offs[level - 1] + K * j
+        chosen = -1
+        last = -1
+        t_last = t
+        for c in range(K):
+            v = leaves[base + c] if level == 1 else inner[base + c]
+            if v > 0.0:
+                last = c
+                t_last = t
+                if t < v:
+                    chosen = c
+                    break
+                t -= v
+        if chosen < 0:
+            chosen = last
+            t = t_last
+        j = K * j + chosen
+    return j
+
+
 @njit(cache=True, nogil=True)
 def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - compiled
     """For each target ``t``: the smallest leaf ``i`` with ``t < leaf[0] + .. + leaf[i]``.
 
-    Guards against rounding: zero children are never entered, and a target at
-    or past the computed sum of a node (a few ulps under the total, say) takes
-    the node's last positive child. So a leaf found is always positive while
-    the root is.
+    All targets descend together, one level at a time, by the branch-free
+    :func:`_pick_child`; each item prefetches the line its next pass reads.
+
+    Guards against rounding: a target that does not end strictly inside the
+    leaf it reached (``0 <= t' < leaf`` fails: a zero leaf, a target at or a
+    few ulps under the total, rounding at a boundary) is searched again by
+    :func:`_find_careful`, which never enters a zero child. So a leaf found is
+    always positive while the root is. Such a target may wander into a zero
+    node on the way down, even a padding node whose children lie past the end
+    of the level below: then the node index is clamped to the level's last
+    node (nothing outside the arrays is read) and the target set to ``inf``,
+    so that the check at the leaf sends it to the careful path.
     """
     b = targets.shape[0]
     t = targets.copy()
     for k in range(b):
         out[k] = 0
     for level in range(depth, 0, -1):
+        a = leaves if level == 1 else inner
+        off = 0 if level == 1 else offs[level - 1]
+        # last node of this level whose 8 children are stored in the level below
+        last = (leaves.shape[0] if level == 1 else offs[level] - offs[level - 1]) // K - 1
         for k in range(b):
             j = out[k]
-            base = K * j
-            if level > 1:
-                base += offs[level - 1]
-            tk = t[k]
-            chosen = -1
-            last = -1
-            t_last = tk
-            for c in range(K):
-                v = leaves[base + c] if level == 1 else inner[base + c]
-                if v > 0.0:
-                    last = c
-                    t_last = tk
-                    if tk < v:
-                        chosen = c
-                        break
-                    tk -= v
-            if chosen < 0:
-                # past the node's computed sum (rounding): take the last positive
-                # child, keeping the target at or past its end so that the
-                # levels below do the same
-                chosen = last
-                tk = t_last
+            if j > last:  # went past the end (rounding): read inside, redo it carefully
+                j = last
+                t[k] = np.inf
+            c, tk = _pick_child(a, off + K * j, t[k])
             t[k] = tk
-            child = K * j + chosen
+            child = K * j + c
             out[k] = child
             # the next pass reads this child's 8 children: start fetching them now
             if level == 2:
                 prefetch(leaves, K * child)
             elif level > 2:
                 prefetch(inner, offs[level - 2] + K * child)
+    for k in range(b):
+        if not t[k] < leaves[out[k]]:
+            out[k] = _find_careful(leaves, inner, offs, depth, targets[k])
 
 
 # ---------------------------------------------------------------------------
