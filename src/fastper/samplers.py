@@ -50,16 +50,22 @@ class Sampler:
     def priority_limit(self, alpha: float | None = None) -> float:
         """Largest raw priority ``p`` with ``p ** alpha <= exp(log_limit)`` (inf if none)."""
         a = self.alpha if alpha is None else alpha
+        if self._limit_for[0] == a:  # every update asks; alpha rarely changes
+            return self._limit_for[1]
         if a <= 0.0 or self.log_limit == math.inf:
-            return math.inf
-        try:
-            return math.exp(self.log_limit / a)
-        except OverflowError:  # every finite p is allowed
-            return math.inf
+            limit = math.inf
+        else:
+            try:
+                limit = math.exp(self.log_limit / a)
+            except OverflowError:  # every finite p is allowed
+                limit = math.inf
+        self._limit_for = (a, limit)
+        return limit
 
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
+        self._limit_for = (math.nan, math.inf)  # (alpha, priority_limit(alpha)) last computed
         self.raw = np.zeros(capacity, dtype=np.float64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
