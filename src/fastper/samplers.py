@@ -65,7 +65,8 @@ class Sampler:
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
-        self._limit_for = (math.nan, math.inf)  # (alpha, priority_limit(alpha)) last computed
+        # (alpha, priority_limit(alpha)) last computed
+        self._limit_for: tuple[float, float] = (math.nan, math.inf)
         self.raw = np.zeros(capacity, dtype=np.float64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
