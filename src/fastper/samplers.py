@@ -46,6 +46,8 @@ class Sampler:
 
     #: log of the largest allowed ``p ** alpha`` (only trees need a bound)
     log_limit = math.inf
+    #: (alpha, priority_limit(alpha)) last computed
+    _limit_for: tuple[float, float]
 
     def priority_limit(self, alpha: float | None = None) -> float:
         """Largest raw priority ``p`` with ``p ** alpha <= exp(log_limit)`` (inf if none)."""
@@ -65,8 +67,7 @@ class Sampler:
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
-        # (alpha, priority_limit(alpha)) last computed
-        self._limit_for: tuple[float, float] = (math.nan, math.inf)
+        self._limit_for = (math.nan, math.inf)
         self.raw = np.zeros(capacity, dtype=np.float64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
