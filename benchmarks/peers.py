@@ -62,6 +62,32 @@ print(json.dumps({"import_s": t1 - t0, "build_add_s": t2 - t1, "sample_s": t3 - 
 """
 
 
+#: The same fresh process without fastper: numpy, numba and one trivial cached
+#: kernel (``TTFS_FLOOR_MODULE``); what any numba library pays before its first call.
+TTFS_FLOOR_CODE = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import numba
+import ttfs_floor_kernel
+t1 = time.perf_counter()
+ttfs_floor_kernel.add_one(np.zeros(4))
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1}))
+"""
+TTFS_FLOOR_MODULE = """
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def add_one(a):
+    for i in range(a.shape[0]):
+        a[i] += 1.0
+"""
+#: warm runs timed (after one that fills the cache); the median is reported
+TTFS_WARM_RUNS = 5
+
+
 def parse_size(text: str) -> int:
     """An integer given as ``1048576``, ``2^20`` or ``2**20``."""
     t = text.strip().replace("**", "^")
@@ -198,27 +224,42 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _fresh_runs(code: str, env: dict[str, str], runs: int) -> dict[str, Any]:
+    """Run ``python -c code`` ``runs`` times; the median wall time and printed fields."""
+    walls: list[float] = []
+    fields: list[dict[str, float]] = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        walls.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            return {"error": " | ".join(proc.stderr.strip().splitlines()[-3:])}
+        fields.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    out: dict[str, Any] = {"wall_s": statistics.median(walls), "runs": runs}
+    out.update({k: statistics.median(f[k] for f in fields) for k in fields[0]})
+    out["wall_all_s"] = walls
+    return out
+
+
 def time_to_first_sample() -> dict[str, Any]:
     """Wall time of a fresh ``python -c`` that imports fastper, builds, adds and samples.
 
-    Warm: a numba cache directory filled by a first run, the second run reported.
-    Cold: an empty numba cache directory (everything compiled in that process).
+    Warm: a numba cache directory filled by a first run, then the median of
+    ``TTFS_WARM_RUNS`` runs. Cold: an empty numba cache directory (everything
+    compiled in that process), one run. ``floor``: the same warm process with
+    numpy, numba and one trivial cached kernel instead of fastper.
     """
     out: dict[str, Any] = {}
-    for label, runs in (("warm", 2), ("cold", 1)):
-        with tempfile.TemporaryDirectory(prefix=f"fastper-numba-{label}-") as cache:
-            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                proc = subprocess.run(
-                    [sys.executable, "-c", TTFS_CODE], capture_output=True, text=True, env=env
-                )
-                wall = time.perf_counter() - t0
-            if proc.returncode != 0:
-                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-                out[label] = {"error": tail}
-            else:
-                out[label] = {"wall_s": wall, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    with tempfile.TemporaryDirectory(prefix="fastper-numba-warm-") as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        _fresh_runs(TTFS_CODE, env, 1)
+        out["warm"] = _fresh_runs(TTFS_CODE, env, TTFS_WARM_RUNS)
+        Path(cache, "ttfs_floor_kernel.py").write_text(TTFS_FLOOR_MODULE)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [cache, env.get("PYTHONPATH")]))
+        _fresh_runs(TTFS_FLOOR_CODE, env, 1)
+        out["floor"] = _fresh_runs(TTFS_FLOOR_CODE, env, TTFS_WARM_RUNS)
+    with tempfile.TemporaryDirectory(prefix="fastper-numba-cold-") as cache:
+        out["cold"] = _fresh_runs(TTFS_CODE, dict(os.environ, NUMBA_CACHE_DIR=cache), 1)
     return out
 
 

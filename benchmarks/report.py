@@ -369,9 +369,13 @@ def _startup_tables(results: list[dict[str, Any]], ttfs: dict[str, Any]) -> list
             "| numba cache | process wall (s) | import (s) | build + add (s) | first sample (s) |",
             "|---|---:|---:|---:|---:|",
         ]
-        labels = {"warm": "warm (2nd run)", "cold": "cold (empty NUMBA_CACHE_DIR)"}
+        labels = {
+            "warm": "warm (median of {runs} runs after one that fills the cache)",
+            "cold": "cold (empty NUMBA_CACHE_DIR, 1 run)",
+        }
         for key, label in labels.items():
             t = ttfs.get(key, {})
+            label = label.format(runs=t.get("runs", "?"))
             if "error" in t:
                 lines.append(f"| {label} | failed: {t['error']} | | | |")
             elif t:
@@ -379,6 +383,18 @@ def _startup_tables(results: list[dict[str, Any]], ttfs: dict[str, Any]) -> list
                     f"| {label} | {t['wall_s']:.2f} | {t['import_s']:.2f} | "
                     f"{t['build_add_s']:.2f} | {t['sample_s']:.3f} |"
                 )
+        floor = ttfs.get("floor", {})
+        if floor and "error" not in floor:
+            lines += [
+                "",
+                f"For reference, the same warm process without fastper (numpy, numba and one "
+                f"trivial `cache=True` kernel, median of {floor['runs']} runs): "
+                f"{floor['wall_s']:.2f} s wall, {floor['import_s']:.2f} s to import, "
+                f"{floor['first_call_s']:.2f} s for the first call (loading numba's compiler "
+                "to read the cache).",
+            ]
+        elif "error" in floor:
+            lines += ["", f"numba floor run failed: {floor['error']}"]
         lines.append("")
     idx = _index(results)
     lines += [
