@@ -13,10 +13,11 @@ each round's median):
 * the public calls: ``sample(B)``, ``update_priorities`` on the indices of a
   fresh sample each call (cold paths, as in ``peers.py``), and the learner
   step (sample + update);
-* their compiled parts, called directly: the search + weights + keys kernel,
-  the data gather (``take`` per field), the update kernel (validation,
-  priorities, leaves, sum and min paths);
-* what is left: checks, conversions and the lock (public call minus the same steps called directly);
+* the same steps without the public call's checks, schedules and lock
+  (uniforms, the search / weights / keys kernel, the ``take`` gather and the
+  SampleBatch), the kernel alone (with its uniforms), and the update kernel
+  through the sampler; each part in the table is a difference of two of these
+  timings, so it carries the noise of both;
 * two properties of the machine: the time per cache line of independent
   random reads over arrays the size of the tree's leaves and of the data
   (what the prefetching kernels can at best approach), and the latency of one
@@ -208,7 +209,10 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
 
 def table(results: dict[int, dict[str, float]], batch: int) -> str:
     caps = sorted(results)
-    head = "| | " + " | ".join(f"N = 2^{c.bit_length() - 1}" for c in caps) + " |"
+    def name(c: int) -> str:
+        return f"N = 2^{c.bit_length() - 1}" if c & (c - 1) == 0 else f"N = {c:,}"
+
+    head = "| | " + " | ".join(name(c) for c in caps) + " |"
     lines = [head, "|---|" + "---:|" * len(caps)]
 
     def row(label: str, fn: Callable[[dict[str, float]], float], fmt: str = "{:.1f}") -> None:
