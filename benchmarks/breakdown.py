@@ -280,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         f" ({time.time() - t0:.0f} s); fastper {fastper.__version__}, numpy {np.__version__}, "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}).\n\n"
         f"B = {args.batch_size}; each figure is the median over {args.rounds} interleaved rounds of "
-        f"the median of {args.calls} calls, one fresh process per capacity; "
-        "public call minus its kernels (each timed on its own). The last three rows are the "
+        f"the median of {args.calls} calls, one fresh process per capacity. Each indented row "
+        "is the difference of two timed variants (the public call, the same steps called "
+        "directly without checks and lock, the kernel alone), so it carries the noise of both; "
+        "the parts need not add up exactly. The last three rows are the "
         "machine: time per cache line of 4096 independent random reads, and of one random read "
         "that depends on the previous one.\n\n" + table(results, args.batch_size) + "\n"
     )
