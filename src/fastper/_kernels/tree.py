@@ -255,7 +255,7 @@ def _pick_child(a, base, t):  # pragma: no cover - compiled
     arithmetic, not branches (``g`` is 0.0 or 1.0, so ``t - v * g`` is exactly
     ``t`` or ``t - v``): a mispredicted branch per step cost more than the rest
     of the search. Measured at B = 256 against scanning the children in order:
-    23 -> 17 us at N = 2^20, 37 -> 22 us at N = 2^22.
+    31 -> 17 us at N = 2^20, 37 -> 22 us at N = 2^22 (25 -> 23 us at 2^16).
 
     Nothing here guards against zero children or a target past the node's sum;
     :func:`sum_find` checks the leaf a descent ends on.
