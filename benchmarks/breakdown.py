@@ -149,7 +149,7 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
 
         def f() -> SampleBatch:
             u = buf._rng.random(batch)
-            idx, prob, w, keys = smp.sample_keyed(u, len(buf), 0.4, True, 0, 0, buf.total_added)
+            idx, prob, w, keys = smp.sample(u, len(buf), 0.4, True, 0, 0, buf.total_added)
             data = storage.gather(idx)
             return SampleBatch(data=data, indices=idx, weights=w, probabilities=prob, keys=keys)
 

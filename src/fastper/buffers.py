@@ -38,7 +38,6 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from . import schedules as _sched
-from ._kernels import tree as _tk
 from ._validation import (
     as_index_array,
     as_value_array,
@@ -49,7 +48,14 @@ from ._validation import (
 )
 from .errors import EmptyBufferError
 from .nstep import NStepWriter
-from .samplers import NORM_CODES, ProportionalSampler, RankSampler, Sampler, UniformSampler
+from .samplers import (
+    NORM_CODES,
+    ProportionalSampler,
+    RankSampler,
+    Sampler,
+    UniformSampler,
+    slot_keys,
+)
 from .storage import Field, FieldLike, Storage, coerce_batch, make_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -157,7 +163,6 @@ class _Buffer:
                 f"`weight_norm` must be one of {list(NORM_CODES)}, got weight_norm={weight_norm!r}"
             )
         self._weight_norm = weight_norm
-        self._norm_code = NORM_CODES[weight_norm]
         n_step = check_int("n_step", n_step, minimum=1)
         self._nstep: NStepWriter | None = None
         stored = input_fields
@@ -260,9 +265,7 @@ class _Buffer:
         return self._keys_of(idx)
 
     def _keys_of(self, idx: np.ndarray) -> np.ndarray:
-        out = np.empty(idx.shape[0], dtype=np.int64)
-        _tk.slot_keys(idx, self._key_base, self._added, self._capacity, out)
-        return out
+        return slot_keys(idx, self._key_base, self._added, self._capacity)
 
     @_locked
     def priorities(self, indices: Any) -> np.ndarray:
@@ -427,9 +430,10 @@ class _Buffer:
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
         u = self._rng.random(b)
-        idx, prob, w, keys = self._sampler.sample_keyed(
-            u, n, beta_v, self._stratified, self._norm_code, self._key_base, self._added
-        )
+        idx, prob, w, keys = self._sampler.sample(
+            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], self._key_base,
+            self._added,
+        )  # fmt: skip
         batch = SampleBatch(
             data=self._storage.gather(idx),
             indices=idx,

@@ -8,7 +8,8 @@ so samplers are deterministic functions of their state and those uniforms.
 
 Common contract:
     ``write(slots, p)``: set raw priorities (last duplicate wins). O(B log N).
-    ``sample(u, n, beta, stratified, norm)``: indices, P(i), IS weights.
+    ``sample(u, n, beta, stratified, norm, key_base, added)``: indices, P(i),
+    IS weights and the key of each sampled slot's occupant (:func:`slot_keys`).
     ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
 
 IS weights ``w_i = (N P(i))^-beta`` are normalised by (``norm``) 0: the
@@ -29,6 +30,17 @@ from .errors import ZeroPriorityError
 NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
 
 
+def slot_keys(idx: np.ndarray, key_base: int, added: int, capacity: int) -> np.ndarray:
+    """Key (insertion counter) of the occupant of each slot in ``idx``.
+
+    ``key_base``: the counter at the last clear; ``added``: transitions ever
+    written (see :func:`fastper._kernels.tree.slot_keys`).
+    """
+    out = np.empty(idx.shape[0], dtype=np.int64)
+    _tk.slot_keys(idx, key_base, added, capacity, out)
+    return out
+
+
 def _normalised_weights(
     prob: np.ndarray, pmin: float, n: int, beta: float, norm: int
 ) -> np.ndarray:
@@ -46,28 +58,20 @@ class Sampler:
 
     #: log of the largest allowed ``p ** alpha`` (only trees need a bound)
     log_limit = math.inf
-    #: (alpha, priority_limit(alpha)) last computed
-    _limit_for: tuple[float, float]
 
     def priority_limit(self, alpha: float | None = None) -> float:
         """Largest raw priority ``p`` with ``p ** alpha <= exp(log_limit)`` (inf if none)."""
         a = self.alpha if alpha is None else alpha
-        if self._limit_for[0] == a:  # every update asks; alpha rarely changes
-            return self._limit_for[1]
         if a <= 0.0 or self.log_limit == math.inf:
-            limit = math.inf
-        else:
-            try:
-                limit = math.exp(self.log_limit / a)
-            except OverflowError:  # every finite p is allowed
-                limit = math.inf
-        self._limit_for = (a, limit)
-        return limit
+            return math.inf
+        try:
+            return math.exp(self.log_limit / a)
+        except OverflowError:  # every finite p is allowed
+            return math.inf
 
     def __init__(self, capacity: int, alpha: float) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
-        self._limit_for = (math.nan, math.inf)
         self.raw = np.zeros(capacity, dtype=np.float64)
 
     def write(self, slots: np.ndarray, p: np.ndarray) -> None:
@@ -106,20 +110,10 @@ class Sampler:
         """Raise if priorities ``p`` (under ``alpha``) could overflow the index."""
 
     def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def sample_keyed(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """:meth:`sample` plus the key of each sampled slot's occupant
-        (see :func:`fastper._kernels.tree.slot_keys`)."""
-        idx, prob, w = self.sample(u, n, beta, stratified, norm)
-        keys = np.empty(idx.shape[0], dtype=np.int64)
-        _tk.slot_keys(idx, key_base, added, self.capacity, keys)
-        return idx, prob, w, keys
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def clear(self) -> None:
         self.raw[:] = 0.0
@@ -142,8 +136,9 @@ class UniformSampler(Sampler):
     kind = "uniform"
 
     def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         b = u.shape[0]
         if stratified:
             pos = (np.arange(b, dtype=np.float64) + u) * (n / b)
@@ -151,7 +146,8 @@ class UniformSampler(Sampler):
             pos = u * n
         idx = np.minimum(pos.astype(np.int64), n - 1)
         prob = np.full(b, 1.0 / n)
-        return idx, prob, np.ones(b, dtype=np.float64)
+        keys = slot_keys(idx, key_base, added, self.capacity)
+        return idx, prob, np.ones(b, dtype=np.float64), keys
 
 
 class ProportionalSampler(Sampler):
@@ -240,14 +236,10 @@ class ProportionalSampler(Sampler):
             )
 
     def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.sample_keyed(u, n, beta, stratified, norm, 0, n)[:3]
-
-    def sample_keyed(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        # keys come from the same kernel call: one dispatch instead of two
         if norm == 0 and not self.track_min:
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         b = u.shape[0]
@@ -359,8 +351,9 @@ class RankSampler(Sampler):
         return bounds
 
     def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         self._maybe_sort(n)
         self.samples_since_sort += 1
         b = u.shape[0]
@@ -389,7 +382,8 @@ class RankSampler(Sampler):
             prob = np.power(ranks + 1.0, -self.alpha) / total
             pmin = float(n) ** (-self.alpha) / total
         idx = self.order[ranks]
-        return idx, prob, _normalised_weights(prob, pmin, n, beta, norm)
+        weights = _normalised_weights(prob, pmin, n, beta, norm)
+        return idx, prob, weights, slot_keys(idx, key_base, added, self.capacity)
 
     def clear(self) -> None:
         super().clear()
