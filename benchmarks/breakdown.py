@@ -60,7 +60,7 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
 
     import fastper
     from fastper._bench import FIELDS
-    from fastper._kernels import tree as tk
+    from fastper._kernels import prioritized as tk
 
     @njit(nogil=True, cache=False)
     def independent_reads(a: np.ndarray, idx: np.ndarray) -> float:  # pragma: no cover

@@ -42,7 +42,7 @@ import numpy as np
 
 import fastper
 from fastper._bench import FIELDS  # the CartPole-like workload of `fastper bench`
-from fastper._kernels import tree as _tk
+from fastper._kernels import prioritized as _tk
 
 #: the kernels a learner step and an add run, in their module
 KERNELS = ("prop_sample", "prop_update", "prop_write", "prop_write_run", "slot_keys")

@@ -20,6 +20,7 @@ def main(steps: int = 2_000, seed: int = 0) -> fastper.PrioritizedReplayBuffer:
         "reward": ((), np.float32),
         "next_obs": ((4,), np.float32),
         "terminated": ((), np.bool_),
+        "truncated": ((), np.bool_),  # n-step windows must know how episodes end
     }
     buf = fastper.PrioritizedReplayBuffer(
         10_000,
@@ -37,6 +38,7 @@ def main(steps: int = 2_000, seed: int = 0) -> fastper.PrioritizedReplayBuffer:
         action = int(rng.integers(2))
         next_obs = rng.standard_normal(4).astype(np.float32)
         terminated = bool(rng.random() < 0.05)
+        truncated = not terminated and t % 200 == 199  # a time limit
         buf.add(
             {
                 "obs": obs,
@@ -44,9 +46,11 @@ def main(steps: int = 2_000, seed: int = 0) -> fastper.PrioritizedReplayBuffer:
                 "reward": float(action),
                 "next_obs": next_obs,
                 "terminated": terminated,
+                "truncated": truncated,
             }
         )
-        obs = rng.standard_normal(4).astype(np.float32) if terminated else next_obs
+        done = terminated or truncated
+        obs = rng.standard_normal(4).astype(np.float32) if done else next_obs
         if len(buf) >= 64 and t % 4 == 0:
             batch = buf.sample(32)
             target = batch["reward"] + batch["discount"] * q.max()

@@ -10,6 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.fastper-installed-${EXTRAS:-none}"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+  case ",${EXTRAS:-}," in
+    *,agents,*|*,bench,*)
+      # the extras accept torch >= 2.1; the project's own machines install exactly
+      # this CPU build first (a local wheel), so pip never downloads another
+      "$VENV/bin/python" -m pip install -q "torch==${FASTPER_TORCH:-2.13.0}" ;;
+  esac
   if [ -n "${EXTRAS:-}" ]; then
     "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRAS]"
   else

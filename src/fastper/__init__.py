@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from . import schedules
+from .buffer_state import from_state_dict, load, read_metadata
 from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, SampleBatch
-from .checkpoint import load, read_metadata
 from .errors import (
     CheckpointError,
     EmptyBufferError,
@@ -25,7 +25,7 @@ from .errors import (
     ScheduleNotSerializableError,
     ZeroPriorityError,
 )
-from .storage import Field, Storage
+from .storage import Field, ReplayStorage, Storage
 from .trees import MinTree, SumTree
 
 __all__ = [
@@ -39,12 +39,14 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "RankBasedReplayBuffer",
     "ReplayBuffer",
+    "ReplayStorage",
     "SampleBatch",
     "ScheduleNotSerializableError",
     "Storage",
     "SumTree",
     "ZeroPriorityError",
     "__version__",
+    "from_state_dict",
     "load",
     "read_metadata",
     "schedules",

@@ -140,3 +140,145 @@ def format_table(timings: list[Timing], capacity: int, kind: str) -> str:
     for t in timings:
         lines.append(f"| {t.op} | {t.unit} | {t.median_us:.3f} | {t.p90_us:.3f} | {t.calls} |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# workloads: the loops real runs have, each next to its reference
+# ---------------------------------------------------------------------------
+
+NSTEP_FIELDS = {
+    "obs": ((4,), np.float32),
+    "action": ((), np.int64),
+    "reward": ((), np.float32),
+    "next_obs": ((4,), np.float32),
+    "terminated": ((), np.bool_),
+    "truncated": ((), np.bool_),
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One workload timed beside its reference, in interleaved rounds."""
+
+    name: str
+    reference: str
+    median_us: float
+    reference_us: float
+    target: float | None  # the largest acceptable ratio median / reference (None: none set)
+
+    @property
+    def ratio(self) -> float:
+        return self.median_us / self.reference_us
+
+
+def _interleaved(
+    fns: tuple[Callable[[], object], Callable[[], object]], rounds: int, calls: int
+) -> tuple[float, float]:
+    """Medians over rounds of each round's median per call, A and B alternating."""
+    meds: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for j, fn in enumerate(fns):
+            meds[j].append(float(np.median(_time(fn, calls, warmup=3))))
+    return float(np.median(meds[0])), float(np.median(meds[1]))
+
+
+def _filled(kind: str, capacity: int, n: int, seed: int = 0, **kw: object) -> _Buffer:
+    rng = np.random.default_rng(seed)
+    buf = KINDS[kind](capacity, FIELDS, seed=seed, **kw)  # type: ignore[arg-type]
+    chunk = 65536
+    for lo in range(0, n, chunk):
+        k = min(chunk, n - lo)
+        buf.add(_batch(rng, k), priorities=rng.random(k) + 0.05)
+    return buf
+
+
+def _actor_learner(buf: _Buffer, batch: int, seed: int = 1) -> Callable[[], object]:
+    """One add, one sample, one update with the sample's keys: a learner step with an actor."""
+    rng = np.random.default_rng(seed)
+    one = {k: v[0] for k, v in _batch(rng, 1).items()}
+    tds = [rng.standard_normal(batch) for _ in range(8)]
+    turn = [0]
+
+    def step() -> None:
+        buf.add(one)
+        s = buf.sample(batch)
+        turn[0] += 1
+        buf.update_priorities(s.indices, tds[turn[0] % 8], keys=s.keys)
+
+    return step
+
+
+def run_workloads(
+    capacity: int, batch_size: int = 256, rounds: int = 5, calls: int = 100
+) -> list[Pair]:
+    """Time the loops of issue 10 at ``capacity``; each with its reference and target ratio."""
+    from . import schedules
+
+    out: list[Pair] = []
+    # 1. an alpha schedule vs a constant alpha (learner step with an actor)
+    const = _filled("proportional", capacity, capacity)
+    sched = _filled(
+        "proportional", capacity, capacity, alpha=schedules.linear(0.4, 0.9, 10**9)
+    )
+    a, b = _interleaved((_actor_learner(sched, batch_size), _actor_learner(const, batch_size)),
+                        rounds, calls)  # fmt: skip
+    out.append(Pair("proportional, linear alpha schedule", "constant alpha", a, b, 1.2))
+    del const, sched
+    # 2. each buffer kind, full and half full, vs proportional
+    for frac, label in ((1.0, "full"), (0.5, "half full")):
+        n = int(capacity * frac)
+        prop = _filled("proportional", capacity, n)
+        for kind in ("rank", "uniform"):
+            other = _filled(kind, capacity, n)
+            a, b = _interleaved(
+                (_actor_learner(other, batch_size), _actor_learner(prop, batch_size)),
+                rounds, calls,
+            )  # fmt: skip
+            target = 2.0 if kind == "rank" else None
+            out.append(Pair(f"{kind}, add+sample+update, {label}", "proportional", a, b, target))
+            del other
+        del prop
+    # 3. n-step adds vs plain adds of the same rows
+    rng = np.random.default_rng(2)
+    rows = _nstep_rows(rng, 4)
+    plain = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, seed=0)
+    nstep = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, n_step=3, gamma=0.99, seed=0)
+    one = {k: v[0] for k, v in rows.items()}
+    a, b = _interleaved((lambda: nstep.add(one), lambda: plain.add(one)), rounds, calls * 5)
+    out.append(Pair("n-step add (n=3), one transition", "plain add, one transition", a, b, 2.0))
+    vec_plain = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, seed=0)
+    vec = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, n_step=3, gamma=0.99, n_envs=4, seed=0)
+    a, b = _interleaved((lambda: vec.add(rows), lambda: vec_plain.add(rows)), rounds, calls * 5)
+    out.append(Pair("n-step add (n=3), 4-env vector step", "plain add, 4-row batch", a, b, 2.0))
+    return out
+
+
+def _nstep_rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.standard_normal((k, 4), dtype=np.float32),
+        "action": rng.integers(0, 2, k),
+        "reward": rng.standard_normal(k, dtype=np.float32),
+        "next_obs": rng.standard_normal((k, 4), dtype=np.float32),
+        "terminated": np.zeros(k, dtype=bool),
+        "truncated": np.zeros(k, dtype=bool),
+    }
+
+
+def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:
+    lines = [
+        f"#### N = {capacity}" + (f" (2^{capacity.bit_length() - 1})" if capacity & (capacity - 1) == 0 else "")
+        + f", B = {batch_size}",
+        "",
+        "| workload | us/call | reference | us/call | ratio | target |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for p in pairs:
+        if p.target is None:
+            goal = "-"
+        else:
+            goal = f"<= {p.target:g}x ({'met' if p.ratio <= p.target else 'NOT met'})"
+        lines.append(
+            f"| {p.name} | {p.median_us:.1f} | {p.reference} | {p.reference_us:.1f} | "
+            f"{p.ratio:.2f}x | {goal} |"
+        )
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Replay buffers: columnar storage + a sampler (+ an optional n-step writer).
+"""Replay buffers: storage + ring writer + sampler (+ per-stream n-step windows).
 
 One API for three sampling schemes:
 
@@ -6,15 +6,24 @@ One API for three sampling schemes:
 * :class:`PrioritizedReplayBuffer`: proportional, P(i) = p_i^alpha / sum p^alpha.
 * :class:`RankBasedReplayBuffer`: P(i) proportional to rank(i)^-alpha.
 
+The parts, each with ``state_dict()`` / ``load_state_dict()``: a storage
+(:class:`~fastper.storage.ReplayStorage`, numpy columns in RAM by default)
+holds the rows, a :class:`~fastper.writer.RingWriter` the ring cursor and the
+keys, a sampler (:mod:`fastper.samplers`) the priorities and trees, and with
+n-step returns or vector envs an :class:`~fastper.nstep.NStepWriter` the
+pending window of every stream. This module only orchestrates them.
+
 Decisions (see the README for the reasoning):
 
 * Priorities: ``p_i = min(|td_i|, clip) + eps``. New transitions get the
-  largest priority ever recorded (1.0 at first, never decreasing) unless
-  ``add`` is given priorities.
+  priority of the ``max_priority`` policy: ``"ever"`` (default, the paper) the
+  largest ever recorded (1.0 at first, never decreasing), ``"current"`` the
+  largest held now, or a fixed number; never above ``clip + eps``.
 * Sampling is with replacement and stratified by default (the mass is cut into
   ``batch_size`` equal slices, one draw in each); ``stratified=False`` draws
-  independently. A slot with priority zero is never drawn by the proportional
-  buffer.
+  independently. Batches come back in random order (``shuffle=False``: in
+  the order of the slices). A slot with priority zero is never drawn by the
+  proportional buffer.
 * IS weights ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta``, the max over the
   whole buffer by default (``weight_norm="buffer"``), or over the batch
   (``"batch"``), or none (``"none"``). N is the current length.
@@ -23,17 +32,15 @@ Decisions (see the README for the reasoning):
   for slots overwritten since they were sampled.
 * A call that raises leaves the buffer exactly as it was, random state
   included. Public methods hold a re-entrant lock, so threads may share a
-  buffer.
+  buffer; ``save`` holds it only to take a snapshot.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -46,66 +53,27 @@ from ._validation import (
     show,
     to_numpy,
 )
+from .batch import SampleBatch
+from .buffer_state import SCHEMES, StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
 from .nstep import NStepWriter
 from .samplers import (
     NORM_CODES,
+    PriorityMax,
     ProportionalSampler,
     RankSampler,
     Sampler,
     UniformSampler,
-    slot_keys,
 )
-from .storage import Field, FieldLike, Storage, coerce_batch, make_fields
+from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch, make_fields
+from .writer import RingWriter
 
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["PrioritizedReplayBuffer", "RankBasedReplayBuffer", "ReplayBuffer", "SampleBatch"]
 
+MaxPriorityPolicy = str | float
 
-def _locked(method: F) -> F:
-    @functools.wraps(method)
-    def wrapper(self: _Buffer, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class SampleBatch:
-    """One sampled minibatch.
-
-    Attributes:
-        data: ``{field: array}``, each with a leading ``batch_size`` dimension
-            (copies: writing to them does not touch the buffer).
-        indices: slots sampled (int64), to pass back to ``update_priorities``.
-        weights: importance-sampling weights (float64).
-        probabilities: P(i) of each sampled slot (float64).
-        keys: insertion counter of each slot's occupant (int64); pass it back
-            so that updates for overwritten slots are dropped.
-    """
-
-    data: dict[str, np.ndarray]
-    indices: np.ndarray
-    weights: np.ndarray
-    probabilities: np.ndarray
-    keys: np.ndarray
-
-    def __getitem__(self, field: str) -> np.ndarray:
-        return self.data[field]
-
-    def __len__(self) -> int:
-        return int(self.indices.shape[0])
-
-    def to_torch(self, device: Any = "cpu") -> dict[str, Any]:
-        """``data`` plus ``weights`` / ``indices`` as torch tensors (imports torch)."""
-        try:
-            import torch
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("to_torch needs PyTorch: pip install 'fastper[agents]'") from exc
-        out = {k: torch.as_tensor(v, device=device) for k, v in self.data.items()}
-        out["weights"] = torch.as_tensor(self.weights, device=device)
-        out["indices"] = torch.as_tensor(self.indices, device=device)
-        return out
+_MAX_ENVS = 1 << 16
+_AUTO_ALPHA_SLOTS = 256  # alpha_every default: re-weigh at most 256 slots per sample, amortised
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
@@ -127,10 +95,25 @@ def _as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-class _Buffer:
+def _nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"truncated": None}`` and ``{"truncated_key": None}`` both name a role."""
+    out: dict[str, Any] = {}
+    roles = ("reward", "next_obs", "terminated", "truncated")
+    for key, value in dict(nstep_keys or {}).items():
+        role = key[: -len("_key")] if key.endswith("_key") else key
+        if role not in roles:
+            raise ValueError(
+                f"`nstep_keys` names roles among {list(roles)}, got nstep_keys key {key!r}"
+            )
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"`nstep_keys` values must be field names or None, got {show(value)}")
+        out[f"{role}_key"] = value
+    return out
+
+
+class _Buffer(StateMixin):
     """Shared machinery; use one of the three public buffers."""
 
-    kind: ClassVar[str] = ""
     _default_alpha: ClassVar[float] = 1.0
     _default_beta: ClassVar[float] = 0.0
 
@@ -143,82 +126,167 @@ class _Buffer:
         beta: _sched.ScheduleLike | None = None,
         eps: float = 1e-6,
         clip: float | None = None,
+        max_priority: MaxPriorityPolicy = "ever",
         stratified: bool = True,
+        shuffle: bool = True,
         weight_norm: str = "buffer",
+        alpha_every: int | None = None,
+        priority_noise: _sched.ScheduleLike = 0.0,
         n_step: int = 1,
         gamma: float = 0.99,
+        n_envs: int | None = None,
+        autoreset: str | None = None,
         seed: int | None = None,
-        nstep_keys: Mapping[str, str] | None = None,
+        nstep_keys: Mapping[str, str | None] | None = None,
+        storage: StorageLike | None = None,
     ) -> None:
         self._capacity = check_int("capacity", capacity, minimum=1)
         input_fields = make_fields(fields)
         self._eps = check_real("eps", eps, minimum=0.0)
         self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
         self._clip_value = np.inf if self._clip is None else self._clip
-        if not isinstance(stratified, bool | np.bool_):
-            raise TypeError(f"`stratified` must be a bool, got stratified={show(stratified)}")
+        self._max_policy = self._check_max_policy(max_priority)
+        for flag, value in (("stratified", stratified), ("shuffle", shuffle)):
+            if not isinstance(value, bool | np.bool_):
+                raise TypeError(f"`{flag}` must be a bool, got {flag}={show(value)}")
         self._stratified = bool(stratified)
+        self._shuffle = bool(shuffle)
         if weight_norm not in NORM_CODES:
             raise ValueError(
                 f"`weight_norm` must be one of {list(NORM_CODES)}, got weight_norm={weight_norm!r}"
             )
         self._weight_norm = weight_norm
+        if alpha_every is None:
+            alpha_every = -(-self._capacity // _AUTO_ALPHA_SLOTS)
+        self._alpha_every = check_int("alpha_every", alpha_every, minimum=1)
         n_step = check_int("n_step", n_step, minimum=1)
+        if n_envs is not None:
+            n_envs = check_int("n_envs", n_envs, minimum=1)
+            if n_envs > _MAX_ENVS:
+                raise ValueError(
+                    f"`n_envs` must be <= {_MAX_ENVS} (a vector env's width; many actors pass "
+                    f"`env_ids` to add instead), got n_envs={n_envs}"
+                )
+        self._gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
         self._nstep: NStepWriter | None = None
         stored = input_fields
-        if n_step > 1:
-            self._nstep = NStepWriter(input_fields, n_step, gamma, **dict(nstep_keys or {}))
+        if n_step > 1 or autoreset is not None or n_envs is not None:
+            self._nstep = NStepWriter(
+                input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
+                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
+            )  # fmt: skip
             stored = self._nstep.output_fields
-        else:
-            check_real("gamma", gamma, minimum=0.0, maximum=1.0)
-        self._gamma = float(gamma)
+        elif nstep_keys:
+            _nstep_key_args(nstep_keys)  # checked, unused without streams
         self._alpha_schedule = _sched.as_schedule(
             "alpha", self._default_alpha if alpha is None else alpha
         )
         self._beta_schedule = _sched.as_schedule(
             "beta", self._default_beta if beta is None else beta
         )
+        self._noise_schedule = _sched.as_schedule("priority_noise", priority_noise)
         self._step = 0
         alpha0 = self._checked_alpha(self._alpha_schedule(0))
         self._check_beta(self._beta_schedule(0))
+        check_real("priority_noise", self._noise_schedule(0), minimum=0.0)
         if seed is not None:
             seed = check_int("seed", seed, minimum=0)
         self._seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
-        self._storage = Storage(stored, self._capacity)
-        self._sampler = self._make_sampler(alpha0)
-        self._added = 0  # transitions ever written = the next transition's key
-        self._key_base = 0  # _added at the last clear: slot = (key - base) % capacity
-        self._max_priority = 1.0
+        self._storage = self._make_storage(storage, stored)
+        self._writer = RingWriter(self._capacity)
+        self._scheme = self.kind
+        self._scheme_options: dict[str, Any] = self._default_scheme_options()
+        self._sampler = self._build_sampler(self.kind, alpha0, self._scheme_options, None)
+        self._pending_switch: dict[str, Any] | None = None
+        self._max_seen = 1.0  # largest priority ever recorded ("ever" policy)
+        self._current_max = PriorityMax(self._sampler.raw_leaves) if self._max_policy == "current" else None
         self._stale_updates = 0
         self._lock = threading.RLock()
+        self._save_lock = threading.Lock()
+        self._guards = []  # saves in progress (see buffer_state)
         self._status = np.zeros(4, dtype=np.int64)  # update kernels' result codes
 
-    # -- construction hooks --------------------------------------------------
-    def _make_sampler(self, alpha: float) -> Sampler:  # pragma: no cover - abstract
-        raise NotImplementedError
+    # -- construction ------------------------------------------------------------
+    def _make_storage(self, storage: StorageLike | None, fields: dict[str, Field]) -> ReplayStorage:
+        if storage is None:
+            return Storage(fields, self._capacity)
+        made = storage if isinstance(storage, ReplayStorage) else storage(fields, self._capacity)
+        if not isinstance(made, ReplayStorage):
+            raise TypeError(
+                "`storage` must be a ReplayStorage or a factory (fields, capacity) -> "
+                f"ReplayStorage, got storage={show(storage)}"
+            )
+        if made.capacity != self._capacity or dict(made.fields) != fields:
+            raise ValueError(
+                f"`storage` must have capacity={self._capacity} and fields {fields}, got "
+                f"capacity={made.capacity} and fields {dict(made.fields)}"
+            )
+        return made
 
-    def _sampler_settings(self) -> dict[str, Any]:
+    def _check_max_policy(self, policy: Any) -> MaxPriorityPolicy:
+        if isinstance(policy, str):
+            if policy not in ("ever", "current"):
+                raise ValueError(
+                    "`max_priority` must be 'ever', 'current' or a number > 0, got "
+                    f"max_priority={policy!r}"
+                )
+            return policy
+        value = check_real("max_priority", policy, minimum=0.0, strict_min=True)
+        if value > self._priority_cap():
+            raise ValueError(
+                f"`max_priority` must be <= clip + eps = {self._priority_cap()!r} (no update "
+                f"can reach more), got max_priority={value!r}"
+            )
+        return value
+
+    def _priority_cap(self) -> float:
+        """The largest priority an update can produce: ``clip + eps`` (inf without clip)."""
+        return math.inf if self._clip is None else self._clip + self._eps
+
+    def _default_scheme_options(self) -> dict[str, Any]:
         return {}
 
+    def _build_sampler(
+        self, scheme: str, alpha: float, options: Mapping[str, Any], raw: np.ndarray | None
+    ) -> Sampler:
+        if scheme == "uniform":
+            return UniformSampler(self._capacity, alpha, raw)
+        if scheme == "proportional":
+            # only buffer-wide normalisation reads the min tree: the others skip its upkeep
+            return ProportionalSampler(
+                self._capacity, alpha, track_min=self._weight_norm == "buffer", raw_leaves=raw
+            )
+        return RankSampler(
+            self._capacity, alpha, sort_every=options.get("sort_every"),
+            segments=bool(options.get("segments", False)), raw_leaves=raw,
+        )  # fmt: skip
+
     # -- introspection ---------------------------------------------------------
-    def __len__(self) -> int:
-        return self._storage.size
-
-    @property
-    def capacity(self) -> int:
-        """Number of slots."""
-        return self._capacity
-
     @property
     def fields(self) -> dict[str, Field]:
         """The stored field spec (with ``discount`` for n-step buffers)."""
         return dict(self._storage.fields)
 
     @property
+    def storage(self) -> ReplayStorage:
+        """The storage holding the rows."""
+        return self._storage
+
+    @property
+    def scheme(self) -> str:
+        """The sampling scheme in force: ``"uniform"``, ``"proportional"`` or ``"rank"``."""
+        return self._scheme
+
+    @property
     def max_priority(self) -> float:
+        """The priority a new transition gets now, under the ``max_priority`` policy. O(1)."""
+        return self._new_priority()
+
+    @property
+    def max_priority_ever(self) -> float:
         """Largest priority ever recorded (starts at 1.0, never decreases)."""
-        return self._max_priority
+        return self._max_seen
 
     @property
     def stale_updates(self) -> int:
@@ -228,12 +296,17 @@ class _Buffer:
     @property
     def total_added(self) -> int:
         """Transitions ever written to storage (the next transition's key)."""
-        return self._added
+        return self._writer.added
 
     @property
     def alpha(self) -> float:
-        """The alpha currently applied to the stored priorities."""
+        """The alpha in force: the one the stored probabilities and weights use."""
         return self._sampler.alpha
+
+    @property
+    def alpha_every(self) -> int:
+        """An alpha schedule is applied at steps that are multiples of this."""
+        return self._alpha_every
 
     @property
     def beta(self) -> float:
@@ -250,7 +323,8 @@ class _Buffer:
         with self._lock:
             value = check_int("step", value, minimum=0)
             self._check_beta(self._beta_schedule(value))
-            self._apply_alpha(self._checked_alpha(self._alpha_schedule(value)))
+            check_real("priority_noise", self._noise_schedule(value), minimum=0.0)
+            self._apply_alpha(self._alpha_at(value))
             self._step = value
 
     @property
@@ -258,29 +332,36 @@ class _Buffer:
         """Transitions held back by the n-step writer, not yet stored."""
         return 0 if self._nstep is None else self._nstep.n_pending
 
-    @_locked
+    @property
+    def n_dropped(self) -> int:
+        """Rows dropped by ``autoreset="next_step"`` (the step after an episode end)."""
+        return 0 if self._nstep is None else self._nstep.dropped
+
+    @locked
     def keys(self, indices: Any) -> np.ndarray:
         """Key (insertion counter) of the current occupant of each slot. O(B)."""
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._keys_of(idx)
+        return self._writer.keys(idx)
 
-    def _keys_of(self, idx: np.ndarray) -> np.ndarray:
-        return slot_keys(idx, self._key_base, self._added, self._capacity)
-
-    @_locked
+    @locked
     def priorities(self, indices: Any) -> np.ndarray:
         """Raw priorities p_i (before alpha) of written slots. O(B)."""
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
         return self._sampler.raw[idx].copy()
 
-    @_locked
-    def probabilities(self, indices: Any) -> np.ndarray:
-        """P(i) a single draw picks each slot, under exact (non-stratified) sampling. O(N) for rank."""
-        idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._probabilities(idx)
+    @locked
+    def probabilities(self, indices: Any, batch_size: int | None = None) -> np.ndarray:
+        """P(i) one draw picks each slot with, under the law ``sample`` uses. O(B) (rank: O(B log N)).
 
-    def _probabilities(self, idx: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+        ``batch_size`` matters only to a rank-based buffer with ``segments=True``
+        (default: the last sample's batch size).
+        """
+        idx = as_index_array("indices", indices, self._capacity, written=len(self))
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, minimum=1)
+        if len(self) == 0:
+            return np.empty(0, dtype=np.float64)
+        return self._sampler.probabilities(idx, len(self), batch_size)
 
     def _checked_alpha(self, value: Any) -> float:
         if type(value) is float and 0.0 <= value < math.inf:  # fast path, no ABC checks
@@ -293,26 +374,97 @@ class _Buffer:
             return value
         return check_real("beta", value, minimum=0.0)
 
+    def _alpha_at(self, step: int) -> float:
+        """The alpha in force at ``step``: the schedule at the last multiple of ``alpha_every``."""
+        return self._checked_alpha(self._alpha_schedule(step - step % self._alpha_every))
+
     def _apply_alpha(self, alpha: float) -> None:
         if alpha != self._sampler.alpha:
             self._sampler.check_priorities("priorities", self._sampler.raw[: len(self)], alpha)
-            self._sampler.check_priorities("max_priority", np.asarray([self._max_priority]), alpha)
+            self._sampler.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
             self._sampler.set_alpha(alpha, len(self))
 
-    @_locked
+    @locked
     def set_alpha(self, alpha: _sched.ScheduleLike) -> None:
-        """Replace alpha (a number or a schedule); re-weights all priorities. O(N)."""
+        """Replace alpha (a number or a schedule); re-weights all priorities now. O(N)."""
         schedule = _sched.as_schedule("alpha", alpha)
-        value = self._checked_alpha(schedule(self._step))
-        self._alpha_schedule = schedule
+        value = self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
         self._apply_alpha(value)
+        self._alpha_schedule = schedule
 
-    @_locked
+    @locked
     def set_beta(self, beta: _sched.ScheduleLike) -> None:
         """Replace beta (a number or a schedule). O(1)."""
         schedule = _sched.as_schedule("beta", beta)
         self._check_beta(schedule(self._step))
         self._beta_schedule = schedule
+
+    # -- scheme switching ------------------------------------------------------
+    @locked
+    def switch_scheme(
+        self,
+        scheme: str,
+        *,
+        at_step: int | None = None,
+        alpha: _sched.ScheduleLike | None = None,
+        sort_every: int | None = None,
+        segments: bool = False,
+    ) -> None:
+        """Sample with another prioritized scheme from now (or from ``at_step``) on.
+
+        The seed design's recipe: rank-based early (robust to the cold start),
+        proportional later. Data, priorities, keys and the ring stay; only the
+        index over the priorities is rebuilt, once, O(N log N) at the switch.
+        A pending switch survives checkpoints; a later call replaces it.
+
+        Args:
+            scheme: ``"proportional"`` or ``"rank"``.
+            at_step: switch when :attr:`step` reaches it (checked at every
+                ``sample``, O(1)); ``None`` or a step already reached: now.
+            alpha: alpha (number or schedule) from the switch on; default:
+                keep the current schedule.
+            sort_every, segments: options of the rank-based scheme (see
+                :class:`RankBasedReplayBuffer`).
+
+        Raises:
+            ValueError, TypeError: an unknown scheme, a uniform buffer, bad options.
+        """
+        if self.kind == "uniform":
+            raise ValueError("`switch_scheme` needs a prioritized buffer, got a ReplayBuffer (uniform)")
+        if scheme not in SCHEMES:
+            raise ValueError(f"`scheme` must be one of {list(SCHEMES)}, got scheme={scheme!r}")
+        if at_step is not None:
+            at_step = check_int("at_step", at_step, minimum=0)
+        schedule = None if alpha is None else _sched.as_schedule("alpha", alpha)
+        options = self._rank_options(sort_every, segments) if scheme == "rank" else {}
+        pending = {"scheme": scheme, "at_step": at_step, "alpha": schedule, "options": options}
+        if at_step is None or at_step <= self._step:
+            self._switch(pending)
+        else:
+            self._pending_switch = pending
+
+    @staticmethod
+    def _rank_options(sort_every: Any, segments: Any) -> dict[str, Any]:
+        if sort_every is not None:
+            sort_every = check_int("sort_every", sort_every, minimum=1)
+        if not isinstance(segments, bool | np.bool_):
+            raise TypeError(f"`segments` must be a bool, got segments={show(segments)}")
+        return {"sort_every": sort_every, "segments": bool(segments)}
+
+    def _switch(self, pending: Mapping[str, Any]) -> None:
+        """Rebuild the index for ``pending["scheme"]``; checks first, so nothing changes on error."""
+        schedule = pending["alpha"] or self._alpha_schedule
+        alpha = self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
+        n = len(self)
+        new = self._build_sampler(pending["scheme"], alpha, pending["options"], self._sampler.raw_leaves)
+        new.check_priorities("priorities", self._sampler.raw[:n], alpha)
+        new.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
+        new.reset_priorities(self._sampler.raw[:n], n)
+        self._sampler = new
+        self._alpha_schedule = schedule
+        self._scheme = pending["scheme"]
+        self._scheme_options = dict(pending["options"])
+        self._pending_switch = None
 
     # -- priorities ------------------------------------------------------------
     def _priority_from_td(self, td: np.ndarray) -> np.ndarray:
@@ -321,9 +473,23 @@ class _Buffer:
             mag = np.minimum(mag, self._clip)
         return mag + self._eps
 
+    def _new_priority(self) -> float:
+        policy = self._max_policy
+        if policy == "ever":
+            p = self._max_seen
+        elif policy == "current":
+            assert self._current_max is not None
+            held = self._current_max.max if len(self) else 0.0
+            p = held if held > 0.0 else 1.0
+        else:
+            p = float(policy)
+        return min(p, self._priority_cap())
+
     # -- add ---------------------------------------------------------------------
-    @_locked
-    def add(self, transition: Mapping[str, Any], priorities: Any = None) -> np.ndarray:
+    @locked
+    def add(
+        self, transition: Mapping[str, Any], priorities: Any = None, *, env_ids: Any = None
+    ) -> np.ndarray:
         """Store one transition or a batch (leading dimension); O(B log N).
 
         Args:
@@ -334,7 +500,12 @@ class _Buffer:
                 NaN and inf in float fields are stored as given, unchecked.
             priorities: optional raw priorities p_i (>= 0, finite), one per
                 transition; by default each gets :attr:`max_priority`. Not
-                accepted with ``n_step > 1``.
+                accepted with n-step or stream tracking.
+            env_ids: the stream (env / actor id, int >= 0) of each row, for
+                n-step windows and ``autoreset``; rows of one stream in one
+                batch are consecutive steps. Not needed with ``n_envs`` (a
+                batch is one step of every env) or for single transitions of
+                one env.
 
         Returns:
             The slots written (int64); with n-step, those of the transitions
@@ -343,26 +514,29 @@ class _Buffer:
         Raises:
             ValueError: missing / unknown fields, wrong shapes, an empty batch,
                 a batch larger than the capacity (with n-step: one that would
-                also complete more), or bad priorities.
+                also complete more), bad priorities, or a batch whose streams
+                are unknown (n-step without ``env_ids`` or ``n_envs``).
             FieldTypeError: a value that cannot be cast safely.
         """
         if self._nstep is not None:
             if priorities is not None:
-                raise ValueError("`priorities` cannot be given to add() when n_step > 1")
+                raise ValueError(
+                    "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
+                )
             batch, k = coerce_batch(self._nstep.fields, transition, None)
-            out, m, pending = self._nstep.process(batch, k)
+            plan = self._nstep.prepare(batch, k, env_ids)
+            out, m = plan.out, plan.count
             cap = self._capacity
             if m > cap and k > cap:
                 raise ValueError(
-                    f"a batch must not complete more than capacity={cap} "
-                    f"transitions, got {m}"
+                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
                 )
-            self._nstep.pending = pending
+            self._nstep.commit(plan)
             if m == 0:
                 return np.empty(0, dtype=np.int64)
             if m <= cap:
                 return self._write(out, m, None)
-            # An episode end flushes the pending window with the batch: more than
+            # An episode end flushes pending windows with the batch: more than
             # `capacity` may complete from a batch that fits. Written in ring order,
             # so the ring keeps the last `capacity`, as if added one by one.
             parts = [
@@ -371,6 +545,12 @@ class _Buffer:
             ]
             return np.concatenate(parts)
         prepared, k = self._storage.prepare(transition)
+        if env_ids is not None:
+            ids = to_numpy(env_ids).reshape(-1)
+            if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(
+                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
+                )
         p = None
         if priorities is not None:
             arr = to_numpy(priorities)
@@ -381,31 +561,42 @@ class _Buffer:
     def _write(
         self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
     ) -> np.ndarray:
-        start = self._storage.cursor
-        slots = self._storage.commit(prepared, k)
-        self._added += k
+        w = self._writer
+        start = w.cursor
+        slots = w.slots(start, k)
+        for guard in self._guards:  # a save in progress keeps the rows it still needs
+            guard.before_write(slots)
+        priority = self._new_priority() if p is None else 0.0
+        self._storage.write(start, prepared, k)
+        w.advance(k)
         if p is None:
             # new transitions: one priority for a contiguous run (two if it wraps)
             first = min(k, self._capacity - start)
-            self._sampler.write_run(start, first, self._max_priority)
+            self._sampler.write_run(start, first, priority)
             if first < k:
-                self._sampler.write_run(0, k - first, self._max_priority)
+                self._sampler.write_run(0, k - first, priority)
         else:
-            self._max_priority = max(self._max_priority, float(p.max()))
-            self._sampler.write(slots, p)
+            self._max_seen = max(self._max_seen, float(p.max()))
+            self._sampler.write(slots, p, new=True)
+        if self._current_max is not None:
+            self._current_max.fix(slots)
         return slots
 
     # -- sample ----------------------------------------------------------------
-    @_locked
+    @locked
     def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
         """Draw ``batch_size`` transitions with replacement. O(B log N).
+
+        With an alpha schedule, alpha changes only at steps that are
+        multiples of :attr:`alpha_every` (each change re-weighs every priority,
+        O(N)); the probabilities and weights are those of the alpha in force.
 
         Args:
             batch_size: number of draws, >= 1 (may exceed ``len(self)``).
             beta: IS exponent; by default the beta schedule at :attr:`step`.
 
         Returns:
-            A frozen :class:`SampleBatch`.
+            A frozen :class:`SampleBatch`, in random order unless ``shuffle=False``.
 
         Raises:
             EmptyBufferError: the buffer holds nothing.
@@ -419,7 +610,10 @@ class _Buffer:
         n = len(self)
         if n == 0:
             raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
-        alpha = self._checked_alpha(self._alpha_schedule(self._step))
+        pending = self._pending_switch
+        if pending is not None and self._step >= pending["at_step"]:
+            self._switch(pending)  # checks before it changes anything
+        alpha = self._alpha_at(self._step)
         old_alpha = self._sampler.alpha
         try:
             self._apply_alpha(alpha)
@@ -430,14 +624,19 @@ class _Buffer:
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
         u = self._rng.random(b)
-        idx, prob, w, keys = self._sampler.sample(
-            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], self._key_base,
-            self._added,
-        )  # fmt: skip
+        w = self._writer
+        idx, prob, weights, keys = self._sampler.sample(
+            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], w.key_base, w.added
+        )
+        if self._shuffle and b > 1:
+            # slices come out in slot order: minibatches cut from a batch would
+            # each get a contiguous piece of the ring
+            perm = self._rng.permutation(b)
+            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
         batch = SampleBatch(
             data=self._storage.gather(idx),
             indices=idx,
-            weights=w,
+            weights=weights,
             probabilities=prob,
             keys=keys,
         )
@@ -445,13 +644,15 @@ class _Buffer:
         return batch
 
     # -- update ----------------------------------------------------------------
-    @_locked
+    @locked
     def update_priorities(self, indices: Any, td_errors: Any, keys: Any = None) -> int:
         """Set p_i = min(|td_i|, clip) + eps for sampled slots. O(B log N).
 
         Duplicate indices: the last one wins. With ``keys`` (from
         :class:`SampleBatch`), entries whose slot now holds a different
-        transition are dropped and counted in :attr:`stale_updates`.
+        transition are dropped and counted in :attr:`stale_updates`. With
+        ``priority_noise`` sigma > 0, |td_i| is first multiplied by
+        ``exp(sigma * z_i)``, z_i standard normal from the buffer's generator.
 
         Returns:
             The number of priorities applied.
@@ -470,16 +671,34 @@ class _Buffer:
                     f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
                     f"got {name} with {arr.shape[0]}"
                 )
+        sigma = self._noise_schedule(self._step)
+        rng_state = None
+        given = td
+        if sigma:
+            sigma = check_real("priority_noise", sigma, minimum=0.0)
+            rng_state = self._rng.bit_generator.state
+            with np.errstate(over="ignore", invalid="ignore"):
+                td = np.abs(td) * np.exp(sigma * self._rng.standard_normal(td.shape[0]))
         status = self._status  # the kernel resets it; the lock keeps it ours
+        w = self._writer
         pmax = self._sampler.update_from_td(
             idx, td, key_arr, use_keys, self._eps, self._clip_value, len(self),
-            self._key_base, self._added, status,
+            w.key_base, w.added, status,
         )  # fmt: skip
         if status[0]:
-            self._raise_update_error(int(status[0]), idx, td, key_arr)
+            if rng_state is not None:
+                self._rng.bit_generator.state = rng_state
+            self._raise_update_error(int(status[0]), idx, given, key_arr)
+            # the input was fine: the noise pushed a priority out of range
+            raise ValueError(
+                f"`priority_noise` sigma={sigma!r} made a priority non-finite or too large "
+                f"for the sum tree; use a smaller sigma (kernel code {int(status[0])})"
+            )
         kept = int(status[2])
         if kept:
-            self._max_priority = max(self._max_priority, pmax)
+            self._max_seen = max(self._max_seen, pmax)
+            if self._current_max is not None:
+                self._current_max.fix(idx)
         self._stale_updates += int(status[3])
         return kept
 
@@ -491,51 +710,53 @@ class _Buffer:
         as_value_array("td_errors", td, idx.shape[0], nonnegative=False)
         self._sampler.check_priorities("td_errors", self._priority_from_td(td))
         if code == 5:
-            bad = keys[(keys < 0) | (keys >= self._added)]
+            added = self._writer.added
+            bad = keys[(keys < 0) | (keys >= added)]
             raise ValueError(
-                f"`keys` must be keys issued by this buffer, in [0, {self._added}), "
+                f"`keys` must be keys issued by this buffer, in [0, {added}), "
                 f"got keys={show(bad[:8])}"
             )
-        raise ValueError(f"invalid priority update (code {code})")  # pragma: no cover
+        if code not in (3, 4):  # pragma: no cover - every other code is reported above
+            raise ValueError(f"invalid priority update (code {code})")
 
     # -- housekeeping ----------------------------------------------------------
-    @_locked
+    @locked
     def clear(self) -> None:
         """Drop every transition and pending n-step window. O(N).
 
         Keeps the random state, the step, the key counter (so old keys stay
-        stale) and :attr:`max_priority` (which never decreases).
+        stale) and :attr:`max_priority_ever` (which never decreases).
         """
+        for guard in self._guards:  # a save in progress still writes the old rows
+            guard.before_write(np.arange(len(self), dtype=np.int64))
         self._storage.clear()
         self._sampler.clear()
-        self._key_base = self._added
+        self._writer.clear()
+        if self._current_max is not None:
+            self._current_max.rebuild()
         if self._nstep is not None:
             self._nstep.clear()
 
     def nbytes(self) -> dict[str, int]:
-        """Memory held: ``data`` (storage), ``index`` (raw priorities and trees; keys are derived, not stored)."""
-        data = sum(c.nbytes for c in self._storage.columns.values())
-        index = sum(a.nbytes for a in vars(self._sampler).values() if isinstance(a, np.ndarray))
-        return {"data": int(data), "index": int(index)}
+        """Memory held: ``data`` (storage), ``index`` (priorities, trees, ranks; keys are derived, not stored)."""
+        seen: dict[int, int] = {}
+        parts: list[Any] = [self._sampler, *vars(self._sampler).values()]
+        if self._current_max is not None:
+            parts.append(self._current_max)
+        for part in parts:
+            for a in vars(part).values() if hasattr(part, "__dict__") else ():
+                if isinstance(a, np.ndarray):
+                    base = a
+                    while isinstance(base.base, np.ndarray):
+                        base = base.base
+                    seen[id(base)] = base.nbytes
+        return {"data": int(self._storage.nbytes()), "index": int(sum(seen.values()))}
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(capacity={self._capacity}, len={len(self)}, "
             f"fields={list(self._storage.fields)}, alpha={self.alpha:g})"
         )
-
-    @_locked
-    def save(self, path: Any) -> None:
-        """Write a checkpoint atomically (temporary file + rename). O(N).
-
-        See :func:`fastper.load`. Never uses pickle. Temporary files left by
-        earlier saves to ``path`` that were killed are removed first (see
-        :mod:`fastper.checkpoint`).
-        """
-        from .checkpoint import save_buffer
-
-        save_buffer(self, path)
-
 
 class ReplayBuffer(_Buffer):
     """Uniform replay: P(i) = 1/N, importance weights all 1.
@@ -549,54 +770,70 @@ class ReplayBuffer(_Buffer):
             ``{"obs": ((4,), np.float32), "action": ((), np.int64)}``.
         stratified: draw one index in each of ``batch_size`` equal slices of
             the buffer (default) or independently.
+        shuffle: hand batches back in random order (default) or slice order.
         n_step, gamma: write n-step returns (see :mod:`fastper.nstep`).
+        n_envs, autoreset: streams of a vector env (see
+            :class:`PrioritizedReplayBuffer`).
         seed: seed of the buffer's random generator.
-        eps, clip: priority = min(|td|, clip) + eps.
+        eps, clip, max_priority: priority = min(|td|, clip) + eps; the
+            priority of new transitions.
+        storage: a :class:`~fastper.storage.ReplayStorage` or a factory
+            ``(fields, capacity) -> storage``; default numpy columns in RAM.
     """
 
     kind = "uniform"
-
-    def _make_sampler(self, alpha: float) -> Sampler:
-        return UniformSampler(self._capacity, alpha)
-
-    def _probabilities(self, idx: np.ndarray) -> np.ndarray:
-        return np.full(idx.shape[0], 1.0 / len(self))
 
 
 class PrioritizedReplayBuffer(_Buffer):
     """Proportional prioritized replay (Schaul et al. 2016).
 
-    P(i) = p_i^alpha / sum_k p_k^alpha from a float64 sum tree; the buffer-wide
-    largest IS weight comes from a min tree.
+    P(i) = p_i^alpha / sum_k p_k^alpha from a float64 sum tree, which also
+    keeps the smallest positive leaf for the buffer-wide largest IS weight.
 
     Args:
         capacity: number of slots (>= 1).
         fields: the field spec, as for :class:`ReplayBuffer`.
-        alpha: number or schedule, >= 0 (paper: 0.6). Changing it re-weights
-            every stored priority exactly.
+        alpha: number or schedule, >= 0 (paper: 0.6). Changing it re-weighs
+            every stored priority exactly, O(N); a schedule is applied at
+            steps that are multiples of ``alpha_every``.
         beta: number or schedule, >= 0 (paper: 0.4 annealed to 1).
         eps: added to |td| (> 0 keeps every transition sampleable).
         clip: optional cap on |td| before eps.
+        max_priority: priority of new transitions: ``"ever"`` (default, the
+            paper: the largest ever recorded, 1.0 at first; O(1)),
+            ``"current"`` (the largest held now: a max tree over the
+            priorities, O(log N) more per write, about 1.2 bytes per slot), or
+            a fixed number. Never above ``clip + eps``.
         stratified: stratified (default) or independent draws.
+        shuffle: batches in random order (default) or in slice order.
         weight_norm: ``"buffer"`` (default), ``"batch"`` or ``"none"``. Only
-            ``"buffer"`` keeps a min tree; the others skip its upkeep (an
+            ``"buffer"`` keeps the min tree; the others skip its upkeep (an
             update of B = 256 at N = 2^20 took about 0.7x the time).
+        alpha_every: apply an alpha schedule every this many samples
+            (default ``ceil(capacity / 256)``: the O(N) re-weighting then
+            costs O(256) per sample, amortised; at N = 2^20 a linear schedule
+            moves alpha at most every 4,096 samples).
+        priority_noise: sigma (number or schedule, default 0): updates use
+            ``|td| * exp(sigma * z)``, z standard normal, against premature
+            convergence late in training.
         n_step, gamma: n-step returns.
+        n_envs: a batch is one step of each of ``n_envs`` envs (row i = env
+            i); otherwise pass ``env_ids`` to :meth:`add` (needed by n-step
+            batches).
+        autoreset: ``"next_step"`` for Gymnasium >= 1.0 vector envs (their
+            default): the row after an episode end of an env is the reset
+            step, not a transition, and is dropped. ``None``: every row is a
+            transition. ``"same_step"`` is refused (see :mod:`fastper.nstep`).
+        nstep_keys: field names of ``reward``, ``next_obs``, ``terminated``,
+            ``truncated`` if not the usual ones; ``{"truncated": None}``
+            states that episodes are never truncated.
         seed: seed of the buffer's random generator.
+        storage: a :class:`~fastper.storage.ReplayStorage` or a factory.
     """
 
     kind = "proportional"
     _default_alpha = 0.6
     _default_beta = 0.4
-
-    def _make_sampler(self, alpha: float) -> Sampler:
-        # only buffer-wide normalisation reads the min tree: the others skip its upkeep
-        return ProportionalSampler(self._capacity, alpha, track_min=self._weight_norm == "buffer")
-
-    def _probabilities(self, idx: np.ndarray) -> np.ndarray:
-        s = self._sampler
-        assert isinstance(s, ProportionalSampler)
-        return s.probabilities(idx)
 
 
 class RankBasedReplayBuffer(_Buffer):
@@ -608,13 +845,21 @@ class RankBasedReplayBuffer(_Buffer):
         capacity, fields, beta, eps, clip, stratified, weight_norm, n_step,
             gamma, seed: as for :class:`PrioritizedReplayBuffer`.
         alpha: number or schedule (paper: 0.7, beta 0.5 annealed to 1).
-        sort_every: ``None`` (default): exact ranks at every sample; the order
-            is brought up to date lazily in O(N + k log k). An integer K:
-            changes to existing slots reach the order only every K samples
-            (the paper re-sorts every 10^6 steps); :meth:`sort` forces it.
+        sort_every: ``None`` (default): exact ranks at every sample; every
+            priority change re-ranks its slot at once, O(log N) amortised. An
+            integer K: priority updates of stored slots reach the order only
+            every K samples (the paper re-sorts every 10^6 steps), in
+            O(k log N) for k changed slots; :meth:`sort` forces it. New
+            transitions (a slot overwritten when the ring wraps included)
+            are ranked by their priority at once either way.
         segments: sample as the paper does, one uniform pick in each of
             ``batch_size`` equal-probability rank segments (probabilities and
-            weights then describe that scheme); default ``False``: exact draws.
+            weights then describe that scheme, for the batch size of the last
+            sample unless given); default ``False``: exact draws.
+
+    The ranks live in an order-statistics B+ tree (see
+    :class:`~fastper.samplers.RankSampler` for its costs and memory): a draw,
+    a priority change and a rank query each cost O(log N), amortised.
     """
 
     kind = "rank"
@@ -638,34 +883,26 @@ class RankBasedReplayBuffer(_Buffer):
         self._segments = bool(segments)
         super().__init__(capacity, fields, **kwargs)
 
-    def _make_sampler(self, alpha: float) -> Sampler:
-        return RankSampler(
-            self._capacity, alpha, sort_every=self._sort_every, segments=self._segments
-        )
-
-    def _sampler_settings(self) -> dict[str, Any]:
+    def _default_scheme_options(self) -> dict[str, Any]:
         return {"sort_every": self._sort_every, "segments": self._segments}
 
-    @_locked
+    def _class_settings(self) -> dict[str, Any]:
+        return {"sort_every": self._sort_every, "segments": self._segments}
+
+    def _rank_sampler(self) -> RankSampler:
+        s = self._sampler
+        if not isinstance(s, RankSampler):
+            raise ValueError(f"this buffer samples with scheme {self._scheme!r} now, not 'rank'")
+        return s
+
+    @locked
     def sort(self) -> None:
-        """Bring the rank order up to date now. O(N + k log k)."""
-        s = self._sampler
-        assert isinstance(s, RankSampler)
-        s.sort(len(self))
+        """Re-rank the slots whose update is pending (``sort_every``) now. O(k log N)."""
+        self._rank_sampler().sort(len(self))
 
-    @_locked
+    @locked
     def ranks(self, indices: Any) -> np.ndarray:
-        """1-based rank of each slot in the order sampling uses. O(N)."""
+        """1-based rank of each slot in the order the next sample uses. O(B log N)."""
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        s = self._sampler
-        assert isinstance(s, RankSampler)
-        s._maybe_sort(len(self))
-        return s.ranks_of(len(self))[idx] + 1
+        return self._rank_sampler().ranks(idx, len(self)) + 1
 
-    def _probabilities(self, idx: np.ndarray) -> np.ndarray:
-        s = self._sampler
-        assert isinstance(s, RankSampler)
-        n = len(self)
-        s._maybe_sort(n)
-        r = s.ranks_of(n)[idx] + 1.0
-        return np.power(r, -s.alpha) / s.prefix[n - 1]

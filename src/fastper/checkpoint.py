@@ -1,12 +1,16 @@
-"""Pickle-free checkpoints.
+"""Pickle-free checkpoint files: the file format, and nothing of buffers.
 
-File layout (all integers little-endian)::
+A checkpoint holds one state (see ``PrioritizedReplayBuffer.state_dict``):
+nested JSON values, plus numpy arrays named ``part/key``. This module writes
+and reads such files; :mod:`fastper.buffers` turns buffers into states and
+back. File layout (all integers little-endian)::
 
     magic      8 bytes   b"\\x89FPCKPT\\n"
     version    u32       FORMAT_VERSION
     hlen       u64       length of the header
-    header     hlen      UTF-8 JSON: settings, state, and the array table
-                         (name, dtype, shape, offset, nbytes of each array)
+    header     hlen      UTF-8 JSON: versions, the state without its arrays,
+                         and the array table (name, dtype, shape, offset,
+                         nbytes of each array)
     hdigest    32 bytes  SHA-256 of everything above
     data       ...       the arrays' raw bytes, C order, back to back
     digest     32 bytes  SHA-256 of everything above
@@ -16,6 +20,17 @@ digest lets :func:`read_metadata` (``fastper inspect``) trust the header
 without reading the data. Only plain numeric dtypes are accepted, every
 declared shape is checked against the file's real size before anything is
 allocated, and nothing is ever unpickled.
+
+Versions. 2 (fastper >= 0.2): the state layout above. 1 (fastper 0.1.0):
+the same container with another header; :func:`read_state` reads it as a
+version-2 state (:func:`upgrade_v1`). Frozen files of each version are kept
+under ``tests/fixtures/checkpoints`` and loaded by the tests.
+
+Writing streams the arrays: an array may be a :class:`LazyArray`, read in
+chunks of rows while the file is written (a buffer's save holds its lock only
+per chunk). Reading is one pass: each array goes straight into the
+destination the caller offers (a buffer's own columns), hashed on the way;
+the whole-file digest is compared at the end.
 
 Saving writes a temporary file beside the target, fsyncs it and renames it
 over the target, so a crash mid-save leaves the previous checkpoint intact.
@@ -43,18 +58,18 @@ import os
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from . import __version__
-from . import schedules as _sched
-from ._validation import check_int, check_real
-from .errors import CheckpointError, ScheduleNotSerializableError
+from .errors import CheckpointError
 
 MAGIC = b"\x89FPCKPT\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
 #: Largest header accepted (and written). A real header is a few KB (fields,
@@ -63,8 +78,9 @@ _DIGEST = 32
 #: 4 MiB -> under 100 MiB and well under a second (64 MiB used to take 1.7 GiB).
 _MAX_HEADER = 4 * 1024 * 1024
 _CHUNK = 1 << 22
+#: rows of a LazyArray per read: each read holds a buffer's lock (about 1 ms a MiB)
+_LAZY_CHUNK = 1 << 20
 _MAX_NDIM = 32  # numpy 1.x's limit
-_MAX_KEY = 2**62  # key counters stay far inside int64 (10^18 transitions)
 _DTYPE_KINDS = "biuf"
 
 PathLike = str | os.PathLike[str]
@@ -77,30 +93,106 @@ except ImportError:  # pragma: no cover - Windows
 _TMP_SUFFIX = ".fpk.tmp"
 
 
+@dataclass(frozen=True)
+class LazyArray:
+    """An array written to a file in chunks of rows: ``read(lo, hi)`` returns rows ``lo:hi``."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    read: Callable[[int, int], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def is_array(value: Any) -> bool:
+    """Whether a state value goes to the array table (a numpy array or a :class:`LazyArray`)."""
+    return isinstance(value, np.ndarray | LazyArray)
+
+
 # ---------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------
 
 
-def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+def _chunks(arr: np.ndarray | LazyArray) -> Any:
+    """The array's bytes, as memoryviews of at most about ``_CHUNK`` bytes."""
+    if isinstance(arr, np.ndarray):
+        a = np.ascontiguousarray(arr)
+        if a.size:
+            yield memoryview(a.reshape(-1).view(np.uint8).data)
+        return
+    rows = arr.shape[0] if arr.shape else 0
+    row_bytes = max(1, arr.nbytes // rows) if rows else 1
+    step = max(1, _LAZY_CHUNK // row_bytes)
+    for lo in range(0, rows, step):
+        part = np.ascontiguousarray(arr.read(lo, min(rows, lo + step)), dtype=arr.dtype)
+        if part.size:
+            yield memoryview(part.reshape(-1).view(np.uint8).data)
+
+
+def split_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``state`` without arrays, its arrays named ``part/key``).
+
+    Arrays may only be values of the dicts directly under the root (a state's
+    parts: ``state["storage"]["columns/obs"]`` is array ``storage/columns/obs``).
+    """
+    meta: dict[str, Any] = {}
+    arrays: dict[str, Any] = {}
+    for part, value in state.items():
+        if isinstance(value, Mapping):
+            kept = {}
+            for key, v in value.items():
+                if is_array(v):
+                    arrays[f"{part}/{key}"] = v
+                else:
+                    kept[key] = v
+            value = kept
+        elif is_array(value):
+            raise ValueError(f"arrays must sit inside a part of the state, got one at `{part}`")
+        meta[part] = value
+    return meta, arrays
+
+
+def join_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Inverse of :func:`split_state`: put each ``part/key`` array back in its part."""
+    state = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in meta.items()}
+    for name, arr in arrays.items():
+        part, _, key = name.partition("/")
+        if not isinstance(state.get(part), dict):
+            raise ValueError(f"array `{name}` belongs to no part of the state")
+        state[part][key] = arr
+    return state
+
+
+def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
+    """Write ``state`` (JSON values, arrays in its parts) to ``path`` atomically.
+
+    Raises:
+        ValueError: a header larger than :func:`read_state` accepts, or values
+            JSON cannot hold (NaN, inf).
+    """
+    meta, arrays = split_state(state)
     target = Path(path)
     table = []
     offset = 0
-    blobs = []
     for name, arr in arrays.items():
-        a = np.ascontiguousarray(arr)
+        dtype = np.dtype(arr.dtype)
+        nbytes = int(arr.nbytes)
         table.append(
-            {
-                "name": name,
-                "dtype": a.dtype.str,
-                "shape": list(a.shape),
-                "offset": offset,
-                "nbytes": a.nbytes,
-            }
-        )
-        offset += a.nbytes
-        blobs.append(a)
-    header = json.dumps({**meta, "arrays": table}, sort_keys=True, allow_nan=False).encode("utf-8")
+            {"name": name, "dtype": dtype.str, "shape": list(arr.shape), "offset": offset,
+             "nbytes": nbytes}
+        )  # fmt: skip
+        offset += nbytes
+    header_obj = {
+        "format": "fastper-checkpoint",
+        "format_version": FORMAT_VERSION,
+        "fastper_version": __version__,
+        "state": meta,
+        "arrays": table,
+    }
+    header = json.dumps(header_obj, sort_keys=True, allow_nan=False).encode("utf-8")
     if len(header) > _MAX_HEADER:
         raise ValueError(
             f"checkpoint header would be {len(header)} bytes, more than the {_MAX_HEADER} "
@@ -118,10 +210,14 @@ def _write_file(path: PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np
             for chunk in (head, hdigest):
                 f.write(chunk)
                 whole.update(chunk)
-            for a in blobs:
-                view = memoryview(a.reshape(-1).view(np.uint8).data) if a.size else memoryview(b"")
-                f.write(view)
-                whole.update(view)
+            for (name, arr), entry in zip(arrays.items(), table, strict=True):
+                written = 0
+                for view in _chunks(arr):
+                    f.write(view)
+                    whole.update(view)
+                    written += view.nbytes
+                if written != entry["nbytes"]:
+                    raise ValueError(f"array `{name}` gave {written} bytes, declared {entry['nbytes']}")
             f.write(whole.digest())
             f.flush()
             os.fsync(f.fileno())
@@ -213,7 +309,9 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} in header")
 
 
-def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str, Any], int]:
+def _read_header(
+    f: BinaryIO, file_size: int, path: PathLike, whole: Any = None
+) -> tuple[dict[str, Any], int, int]:
     raw = f.read(_PREFIX.size)
     if len(raw) < _PREFIX.size:
         raise CheckpointError(
@@ -222,9 +320,10 @@ def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str,
     magic, version, hlen = _PREFIX.unpack(raw)
     if magic != MAGIC:
         raise CheckpointError(f"{path}: not a fastper checkpoint (bad magic bytes {magic!r})")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CheckpointError(
-            f"{path}: unsupported checkpoint format version {version} (this fastper reads {FORMAT_VERSION})"
+            f"{path}: unsupported checkpoint format version {version} (this fastper reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
     data_start = _PREFIX.size + hlen + _DIGEST
     if hlen > _MAX_HEADER:
@@ -237,13 +336,20 @@ def _read_header(f: BinaryIO, file_size: int, path: PathLike) -> tuple[dict[str,
     hdigest = f.read(_DIGEST)
     if hashlib.sha256(raw + header).digest() != hdigest:
         raise CheckpointError(f"{path}: corrupt checkpoint (header checksum mismatch)")
+    if whole is not None:
+        for part in (raw, header, hdigest):
+            whole.update(part)
     try:
         meta = json.loads(header.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: malformed checkpoint header: {exc}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), list):
         raise CheckpointError(f"{path}: malformed checkpoint header")
-    return meta, data_start
+    if version == 2 and (
+        not isinstance(meta.get("state"), dict) or meta.get("format") != "fastper-checkpoint"
+    ):
+        raise CheckpointError(f"{path}: malformed checkpoint header (no state or format name)")
+    return meta, data_start, int(version)
 
 
 def _verify_digest(f: BinaryIO, file_size: int, path: PathLike) -> None:
@@ -287,7 +393,7 @@ def _array_table(
             raise CheckpointError(
                 f"{path}: array `{name}` declares an inconsistent shape {str(shape)[:200]}"
             )
-        if offset != end or offset + nbytes > blob_size:
+        if offset != end or offset + nbytes > blob_size or name in out:
             raise CheckpointError(f"{path}: array `{name}` lies outside the data section")
         end = offset + nbytes
         out[name] = (dt, shape, offset, nbytes)
@@ -298,8 +404,21 @@ def _array_table(
     return out
 
 
+def _state_of(header: Mapping[str, Any], version: int, path: PathLike) -> dict[str, Any]:
+    if version == 2:
+        return dict(header["state"])
+    try:
+        return upgrade_v1(header)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: malformed format-1 header: {exc}") from None
+
+
 def read_metadata(path: PathLike, *, verify: bool = False) -> dict[str, Any]:
-    """The checkpoint's header (settings, state, array table) without its arrays.
+    """The checkpoint's header without its arrays, in the current layout.
+
+    Returns ``{"format_version", "fastper_version", "state", "arrays"}``:
+    ``state`` is the saved state without arrays (a format-1 header is
+    upgraded, see :func:`upgrade_v1`), ``arrays`` the array table as stored.
 
     Args:
         path: checkpoint file.
@@ -313,247 +432,166 @@ def read_metadata(path: PathLike, *, verify: bool = False) -> dict[str, Any]:
         # the size of the file opened, not of the path: a save may rename a new
         # file over the path between a stat and an open
         file_size = os.fstat(f.fileno()).st_size
-        meta, data_start = _read_header(f, file_size, path)
-        _array_table(meta, file_size - data_start - _DIGEST, path)
+        header, data_start, version = _read_header(f, file_size, path)
+        _array_table(header, file_size - data_start - _DIGEST, path)
         if verify:
             _verify_digest(f, file_size, path)
-    return meta
-
-
-def read_file(path: PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Verify and read a checkpoint: (metadata, arrays). Memory ~ file size."""
-    with open(path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size  # of this file (see read_metadata)
-        meta, data_start = _read_header(f, file_size, path)
-        table = _array_table(meta, file_size - data_start - _DIGEST, path)
-        _verify_digest(f, file_size, path)
-        arrays: dict[str, np.ndarray] = {}
-        for name, (dt, shape, offset, nbytes) in table.items():
-            arr = np.empty(shape, dtype=dt)
-            f.seek(data_start + offset)
-            if nbytes and f.readinto(arr.reshape(-1).view(np.uint8).data) != nbytes:
-                raise CheckpointError(f"{path}: truncated checkpoint while reading `{name}`")
-            arrays[name] = arr
-    return meta, arrays
-
-
-# ---------------------------------------------------------------------------
-# buffers <-> (meta, arrays)
-# ---------------------------------------------------------------------------
-
-
-def save_buffer(buffer: Any, path: PathLike) -> None:
-    """Checkpoint ``buffer`` to ``path`` (see the module docstring)."""
-    from .buffers import _Buffer
-
-    assert isinstance(buffer, _Buffer)
-    b = buffer
-    n = len(b)
-    nstep = b._nstep
-    input_fields = nstep.fields if nstep is not None else b._storage.fields
-    meta = {
-        "format": "fastper-checkpoint",
-        "format_version": FORMAT_VERSION,
-        "fastper_version": __version__,
-        "buffer": b.kind,
-        "capacity": b.capacity,
-        "fields": [[k, f.to_dict()] for k, f in input_fields.items()],
-        "settings": {
-            "eps": b._eps,
-            "clip": b._clip,
-            "stratified": b._stratified,
-            "weight_norm": b._weight_norm,
-            "n_step": 1 if nstep is None else nstep.n,
-            "gamma": b._gamma,
-            "seed": b._seed,
-            "nstep_keys": None
-            if nstep is None
-            else {k: v for k, v in nstep.settings().items() if k.endswith("_key")},
-            **b._sampler_settings(),
-        },
-        "alpha_schedule": _sched.to_dict(b._alpha_schedule),
-        "beta_schedule": _sched.to_dict(b._beta_schedule),
-        "state": {
-            "size": n,
-            "cursor": b._storage.cursor,
-            "total_added": b._added,
-            "key_base": b._key_base,
-            "max_priority": b._max_priority,
-            "stale_updates": b._stale_updates,
-            "step": b._step,
-            "alpha": b._sampler.alpha,
-            "rng": b._rng.bit_generator.state,
-            "sampler": b._sampler.state_meta(),
-            "n_pending": b.n_pending,
-        },
+    return {
+        "format_version": version,
+        "fastper_version": header.get("fastper_version"),
+        "state": split_state(_state_of(header, version, path))[0],
+        "arrays": header["arrays"],
     }
-    arrays: dict[str, np.ndarray] = {}
-    for name, col in b._storage.columns.items():
-        arrays[f"data/{name}"] = col[:n]
-    for name, arr in b._sampler.state_arrays(n).items():
-        arrays[f"sampler/{name}"] = arr
-    if nstep is not None:
-        for name, arr in nstep.pending.items():
-            arrays[f"nstep/{name}"] = arr
-    _write_file(path, meta, arrays)
 
 
-def load(
+def read_state(
     path: PathLike,
-    *,
-    alpha: Callable[[int], float] | float | None = None,
-    beta: Callable[[int], float] | float | None = None,
-) -> Any:
-    """Load a buffer saved with ``buffer.save(path)``.
+    targets: Callable[[dict[str, Any]], Mapping[str, np.ndarray]] | None = None,
+) -> tuple[dict[str, Any], int]:
+    """Read a checkpoint in one pass: (the state, with its arrays; the file's version).
 
-    The loaded buffer holds the same contents, priorities, keys, cursor,
-    settings, schedules, step and random state, so it continues with exactly
-    the samples the original would have drawn.
-
-    Args:
-        path: checkpoint file.
-        alpha, beta: schedules to use instead of the saved ones; needed when
-            the buffer was saved with a custom callable schedule.
+    ``targets(state)`` may offer, by array name, writable C-contiguous arrays
+    to read into in place (a buffer's own columns); an array whose dtype or
+    shape differs from the file's gets a new array instead. Memory: the
+    targets plus the arrays not offered, plus one chunk. Format-1 files come
+    back as version-2 states and names (:func:`upgrade_v1`); their arrays
+    that version 2 does not use are checked and skipped.
 
     Raises:
-        CheckpointError: a truncated, altered or malformed file, or an
-            unknown format version (a ValueError).
-        ScheduleNotSerializableError: a custom schedule was saved and none
-            was given.
+        CheckpointError: a truncated, altered or malformed file (checked
+            before anything is allocated from the header's sizes, and by the
+            whole-file digest at the end).
     """
-    meta, arrays = read_file(path)
-    try:
-        return _restore(meta, arrays, alpha, beta)
-    except (ScheduleNotSerializableError, CheckpointError):
-        raise
-    except (
-        KeyError,
-        TypeError,
-        ValueError,
-        IndexError,
-        AttributeError,
-        OverflowError,
-        SyntaxError,
-        RecursionError,
-    ) as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
-
-
-def _schedule(saved: dict[str, Any], given: Any, name: str) -> Any:
-    if given is not None:
-        return given
-    if saved.get("kind") == "callable":
-        raise ScheduleNotSerializableError(
-            f"the buffer was saved with a custom `{name}` schedule ({saved.get('repr')}); "
-            f"pass it again: fastper.load(path, {name}=...)"
-        )
-    return _sched.from_dict(saved)
-
-
-def _check_size(meta: dict[str, Any]) -> None:
-    """Refuse a header whose buffer could not fit in this machine's memory.
-
-    The arrays in the file only cover the stored slots; the capacity is taken
-    from the header, so a forged header could otherwise ask for terabytes.
-    """
-    capacity = int(meta["capacity"])
-    per_slot = 64  # keys, raw priorities and two trees, generously
-    for _, spec in meta["fields"]:
-        per_slot += math.prod(int(x) for x in spec["shape"]) * np.dtype(str(spec["dtype"])).itemsize
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        physical = 1 << 40
-    if capacity < 1 or capacity * per_slot > physical:
-        raise CheckpointError(
-            f"checkpoint declares capacity={capacity} ({capacity * per_slot / 2**30:.1f} GiB), "
-            f"more than this machine's memory ({physical / 2**30:.1f} GiB)"
-        )
-
-
-def _restore(meta: dict[str, Any], arrays: dict[str, np.ndarray], alpha: Any, beta: Any) -> Any:
-    from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
-
-    classes = {c.kind: c for c in (ReplayBuffer, PrioritizedReplayBuffer, RankBasedReplayBuffer)}
-    kind = meta.get("buffer")
-    if kind not in classes:
-        raise CheckpointError(f"unknown buffer kind {kind!r} in checkpoint")
-    _check_size(meta)
-    s = dict(meta["settings"])
-    extra = {}
-    if kind == "rank":
-        extra = {"sort_every": s.pop("sort_every"), "segments": s.pop("segments")}
-    nstep_keys = s.pop("nstep_keys")
-    buf = classes[kind](
-        int(meta["capacity"]),
-        {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in meta["fields"]},
-        alpha=_schedule(meta["alpha_schedule"], alpha, "alpha"),
-        beta=_schedule(meta["beta_schedule"], beta, "beta"),
-        nstep_keys=nstep_keys,
-        **s,
-        **extra,
-    )
-    st = meta["state"]
-    n, cap = int(st["size"]), buf.capacity
-    cursor, added = int(st["cursor"]), int(st["total_added"])
-    key_base = int(st["key_base"])
-    since_clear = added - key_base
-    if added > _MAX_KEY:
-        # keys are int64 in the kernels: a larger counter would load and then
-        # make every sample and update fail with OverflowError
-        raise CheckpointError(f"key counter total_added={added} exceeds {_MAX_KEY}")
-    if not (0 <= key_base <= added and n == min(since_clear, cap) and cursor == since_clear % cap):
-        raise CheckpointError(
-            f"inconsistent ring state size={n} cursor={cursor} added={added} key_base={key_base}"
-        )
-    expected = {f"data/{k}" for k in buf._storage.fields}
-    expected |= {f"sampler/{k}" for k in buf._sampler.state_arrays(0)}
-    if buf._nstep is not None:
-        expected |= {f"nstep/{k}" for k in buf._nstep.fields}
-    if set(arrays) != expected:
-        raise CheckpointError(f"checkpoint arrays {sorted(arrays)} do not match {sorted(expected)}")
-    for name, field in buf._storage.fields.items():
-        a = arrays[f"data/{name}"]
-        if a.dtype != field.dtype or a.shape != (n, *field.shape):
-            raise CheckpointError(
-                f"array data/{name} has {a.dtype}{a.shape}, expected {field.dtype}{(n, *field.shape)}"
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size  # of this file (see read_metadata)
+        whole = hashlib.sha256()
+        header, data_start, version = _read_header(f, file_size, path, whole)
+        table = _array_table(header, file_size - data_start - _DIGEST, path)
+        state = _state_of(header, version, path)
+        offered = dict(targets(state)) if targets is not None else {}
+        arrays: dict[str, np.ndarray] = {}
+        scratch: bytearray | None = None  # for arrays nobody takes (format-1 extras)
+        for name, (dt, shape, _offset, nbytes) in table.items():
+            new_name = name if version == 2 else _V1_NAMES(name)
+            dest: np.ndarray | None = None
+            if new_name is not None:
+                t = offered.get(new_name)
+                ok = (
+                    isinstance(t, np.ndarray) and t.dtype == dt and t.shape == shape
+                    and t.flags.c_contiguous and t.flags.writeable
+                )  # fmt: skip
+                dest = t if ok else np.empty(shape, dtype=dt)
+            view = (
+                memoryview(dest.reshape(-1).view(np.uint8).data)
+                if dest is not None and nbytes
+                else None
             )
-    prio = arrays["sampler/priorities"]
-    if (
-        prio.shape != (n,)
-        or prio.dtype != np.float64
-        or not np.isfinite(prio).all()
-        or (n and prio.min() < 0)
-    ):
-        raise CheckpointError("checkpoint priorities must be finite, >= 0 and one per stored slot")
-    max_p = float(st["max_priority"])
-    if not (math.isfinite(max_p) and max_p >= 1.0 and (n == 0 or max_p >= prio.max())):
-        raise CheckpointError(f"checkpoint max_priority={max_p!r} is inconsistent")
-    pending = {}
-    if buf._nstep is not None:
-        for name, field in buf._nstep.fields.items():
-            a = arrays[f"nstep/{name}"]
-            if a.dtype != field.dtype or a.shape[1:] != field.shape or a.shape[0] >= buf._nstep.n:
-                raise CheckpointError(f"array nstep/{name} is inconsistent")
-            pending[name] = a
-        if len({a.shape[0] for a in pending.values()}) != 1:
-            raise CheckpointError("n-step pending arrays differ in length")
-    # all checks passed: fill the buffer
-    for name in buf._storage.fields:
-        buf._storage.columns[name][:n] = arrays[f"data/{name}"]
-    buf._storage.size, buf._storage.cursor = n, cursor
-    buf._added = added
-    buf._key_base = key_base
-    buf._max_priority = max_p
-    buf._stale_updates = check_int("stale_updates", st["stale_updates"], minimum=0)
-    buf._step = check_int("step", st["step"], minimum=0)
-    buf._sampler.alpha = check_real("alpha", st["alpha"], minimum=0.0)
-    sampler_arrays = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("sampler/")}
-    buf._sampler.load_state(sampler_arrays, st["sampler"], n)
-    if buf._nstep is not None:
-        buf._nstep.pending = pending
+            done = 0
+            while done < nbytes:
+                step = min(_CHUNK, nbytes - done)
+                if view is not None:
+                    part = view[done : done + step]
+                else:
+                    scratch = scratch if scratch is not None else bytearray(_CHUNK)
+                    part = memoryview(scratch)[:step]
+                got = f.readinto(part)
+                if got != step:
+                    raise CheckpointError(f"{path}: truncated checkpoint while reading `{name}`")
+                whole.update(part)
+                done += step
+            if dest is not None and new_name is not None:
+                arrays[new_name] = dest
+        if f.read(_DIGEST) != whole.digest() or f.read(1):
+            raise CheckpointError(f"{path}: corrupt or truncated checkpoint (checksum mismatch)")
     try:
-        buf._rng.bit_generator.state = st["rng"]
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint random state is invalid: {exc}") from None
-    return buf
+        return join_state(state, arrays), version
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# format 1 (fastper 0.1.0)
+# ---------------------------------------------------------------------------
+
+
+def _V1_NAMES(name: str) -> str | None:  # noqa: N802 - a table, spelled as one
+    """Format-1 array name -> version-2 name (None: not used any more)."""
+    part, _, key = name.partition("/")
+    if part == "data":
+        return f"storage/columns/{key}"
+    if part == "sampler":
+        return "sampler/priorities" if key == "priorities" else None  # rank order: rebuilt
+    if part == "nstep":
+        return f"nstep/pending/{key}"
+    return None
+
+
+def _v1_sampler(kind: str, st: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"alpha": st["alpha"]}
+    if kind == "rank":  # the order is rebuilt with every change merged: nothing pending
+        out.update(
+            pending_slots=np.empty(0, dtype=np.int64),
+            pending_ranked=np.empty(0, dtype=np.float64),
+            samples_since_sort=0,
+            last_batch_size=None,
+        )
+    return out
+
+
+def upgrade_v1(header: Mapping[str, Any]) -> dict[str, Any]:
+    """A format-1 header as a version-2 state (arrays aside).
+
+    Format 1 knew one n-step stream, sampled batches in slot order, applied
+    alpha schedules at every sample and gave new items the largest priority
+    ever seen: the upgraded state keeps the last three settings as they were
+    (``shuffle=False``, ``alpha_every=1``, ``max_priority="ever"``), and
+    its n-step window becomes stream 0. A rank-based buffer's order is
+    rebuilt from the priorities (pending ``sort_every`` changes are merged).
+    """
+    s = dict(header["settings"])
+    st = header["state"]
+    kind = header["buffer"]
+    n_step = int(s.pop("n_step"))
+    keys = dict(s.pop("nstep_keys") or {})
+    rank = {k: s.pop(k) for k in ("sort_every", "segments") if k in s}
+    nstep = None
+    if n_step > 1:
+        nstep = {"n": n_step, "gamma": s["gamma"], **keys, "n_envs": None, "autoreset": None,
+                 "discount_field": True}  # fmt: skip
+    settings = {
+        "capacity": header["capacity"],
+        "fields": header["fields"],
+        **s,
+        "max_priority": "ever",
+        "shuffle": False,
+        "alpha_every": 1,
+        "nstep": nstep,
+        **rank,
+    }
+    return {
+        "kind": kind,
+        "settings": settings,
+        "schedules": {
+            "alpha": header["alpha_schedule"],
+            "beta": header["beta_schedule"],
+            "priority_noise": {"kind": "constant", "value": 0.0},
+        },
+        "buffer": {
+            "scheme": kind,
+            "scheme_options": rank,
+            "pending_switch": None,
+            "max_priority_ever": st["max_priority"],
+            "stale_updates": st["stale_updates"],
+            "step": st["step"],
+            "rng": st["rng"],
+        },
+        "writer": {
+            "size": st["size"],
+            "cursor": st["cursor"],
+            "total_added": st["total_added"],
+            "key_base": st["key_base"],
+        },
+        "sampler": _v1_sampler(kind, st),
+        "storage": {},
+        "nstep": None if n_step == 1 else {},
+    }

@@ -35,6 +35,10 @@ def _bench(args: argparse.Namespace) -> int:
         cmd = [sys.executable, str(script), *args.peer_args]
         return subprocess.call(cmd, cwd=script.parent.parent)
 
+    if args.workloads:
+        pairs = _bench.run_workloads(args.capacity, args.batch_size, calls=max(10, args.calls // 3))
+        print(_bench.format_workloads(pairs, args.capacity, args.batch_size))
+        return 0
     timings = _bench.run(args.capacity, args.batch_size, args.kind, args.calls, args.seed)
     print(_bench.format_table(timings, args.capacity, args.kind))
     return 0
@@ -164,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="buffer kind (default proportional)",
     )
     bench.add_argument("--calls", type=int, default=300, help="timed calls per op (default 300)")
+    bench.add_argument(
+        "--workloads",
+        action="store_true",
+        help="time the loops of real runs beside their references: an alpha schedule, each "
+        "buffer kind (full, half full), n-step and vector-env adds",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument(
         "--peers",

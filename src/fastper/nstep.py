@@ -1,11 +1,24 @@
-"""n-step returns, computed as transitions arrive.
+"""n-step returns, computed as transitions arrive, one window per stream.
 
-Transitions are one chronological stream (one environment). Transition ``t``
-is written once the ``n`` transitions ``t .. t+n-1`` are known, or earlier if
-its episode ends inside that window. The written transition holds:
+A *stream* is one chronological trajectory: one environment of a vector env,
+or one actor. Each stream has its own pending window; streams never mix. The
+caller says which stream each row is from:
+
+* ``env_ids`` per add: one id per row (any int >= 0, e.g. actor ids); rows of
+  one id inside a batch are consecutive steps of that stream, in row order;
+* or ``n_envs`` at construction: every add is one step of each of ``n_envs``
+  environments, row ``i`` = env ``i`` (a Gymnasium vector env's ``step``);
+* a single transition without ``env_ids`` is stream 0. A batch of several rows
+  with neither is refused when ``n > 1`` (or with ``autoreset``): read as one
+  trajectory, it mixed a vector env's streams.
+
+Transition ``t`` of a stream is written once the ``n`` steps ``t .. t+n-1`` of
+that stream are known, or earlier if its episode ends inside that window. The
+written transition holds:
 
 * ``reward``: ``sum_{j<m} gamma^j r_{t+j}``, the discounted ``m``-step return,
-  ``m = n`` or fewer at the end of an episode;
+  ``m = n`` or fewer at the end of an episode (summed in float64 in that
+  order, then cast to the field's dtype);
 * ``next_obs``: the observation after the window's last step (the bootstrap
   observation);
 * ``discount``: ``gamma^m`` to bootstrap with, or ``0`` if the window ends
@@ -13,17 +26,47 @@ its episode ends inside that window. The written transition holds:
 * the termination / truncation flags of the window's last step, and every
   other field of step ``t`` unchanged.
 
-The target is then ``reward + discount * max_a Q(next_obs, a)``.
+The target is then ``reward + discount * max_a Q(next_obs, a)``. At an episode
+end (terminated or truncated) every pending window of that stream is written.
+Transitions come out in the order they complete: batch rows in order, the
+oldest first among those one row completes.
+
+Autoreset. Gymnasium 1.x vector envs reset an env on the step *after* its
+episode ended (``AutoresetMode.NEXT_STEP``, the default): that step returns
+the reset observation and is not a transition. ``autoreset="next_step"``
+drops, per stream, the row that follows an episode end (counted in
+:attr:`NStepWriter.dropped`). ``autoreset=None`` takes every row as a
+transition (reset by hand, or ``infos["final_obs"]`` put into ``next_obs``).
+``SAME_STEP`` is refused: it hands out the reset observation in place of the
+final one. :func:`autoreset_mode` reads the mode of a vector env.
+
+Layout and costs (see :mod:`fastper._kernels.nstep`). Each stream keeps its
+pending steps in a ring of ``w = n - 1`` rows (fewer while no window has
+needed more, so a huge ``n`` costs only what is pending) in preallocated
+arrays: one per field a transition takes from its first step (not
+``next_obs`` nor the flags, which come from the step completing the window)
+and the reward in float64. They grow by doubling when a new stream appears.
+An add of ``k`` rows completing ``m`` transitions costs O(k + m n) in a
+compiled kernel and a constant number of numpy calls per field; one row of a
+known stream that ends nothing takes an O(n) Python path. No Python loop runs
+over rows. Memory: ``w * (bytes of those fields + 8 * reward size) + 40``
+bytes per stream. Streams are never forgotten (``clear`` empties their
+windows and keeps them), so millions of distinct ids cost memory; ids have no
+other limit (any int64 >= 0).
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 import numpy as np
 
-from ._validation import check_int, check_real
+from ._kernels import nstep as _nk
+from ._validation import check_int, check_real, show, to_numpy
 from .storage import Field
 
 REWARD_KEYS = ("reward", "rewards", "rew")
@@ -31,6 +74,70 @@ NEXT_OBS_KEYS = ("next_obs", "next_observation", "next_observations", "next_stat
 TERMINATED_KEYS = ("terminated", "terminal", "done", "dones")
 TRUNCATED_KEYS = ("truncated", "timeout", "timeouts")
 DISCOUNT = "discount"
+STATE_FORMAT = 2  # state_dict layout; the legacy one-window form has no "format"
+_RING0 = 16  # ring rows per stream to start with when n - 1 is larger
+
+
+class _Find(enum.Enum):
+    FIND = "find"
+
+    def __repr__(self) -> str:
+        return "<find by name>"
+
+
+FIND: Final = _Find.FIND
+"""Default of ``terminated_key`` / ``truncated_key``: look the field up by name."""
+
+KeyArg = str | None | Literal[_Find.FIND]
+
+_SAME_STEP = (
+    "autoreset mode SAME_STEP is not supported: under SAME_STEP the vector env returns "
+    "the reset observation in place of the final one, so next_obs of every episode's "
+    "last step would be wrong. Use autoreset_mode=NEXT_STEP (Gymnasium's default) with "
+    "autoreset='next_step', or substitute infos['final_obs'] into next_obs for the envs "
+    "that ended and pass autoreset=None"
+)
+
+
+def _mode_name(mode: Any) -> str | None:
+    """'next_step' / 'same_step' / 'disabled' from an enum, its name or value."""
+    for cand in (getattr(mode, "name", None), getattr(mode, "value", None), mode):
+        if isinstance(cand, str):
+            key = cand.lower().replace("_", "").replace("-", "").replace(" ", "")
+            if key in ("nextstep", "samestep", "disabled"):
+                return {"nextstep": "next_step", "samestep": "same_step"}.get(key, key)
+    return None
+
+
+def autoreset_mode(env: Any) -> str | None:
+    """The ``autoreset`` setting for a Gymnasium vector env. O(1).
+
+    Reads ``env.metadata["autoreset_mode"]`` (an ``AutoresetMode`` enum,
+    duck-typed: gymnasium is not imported).
+
+    Returns:
+        ``"next_step"`` for ``NEXT_STEP``, ``None`` for ``DISABLED``.
+
+    Raises:
+        ValueError: ``SAME_STEP`` (the message says what to do instead), an
+            unknown mode, or no ``autoreset_mode`` in the metadata.
+    """
+    metadata = getattr(env, "metadata", None)
+    if not isinstance(metadata, Mapping) or "autoreset_mode" not in metadata:
+        raise ValueError(
+            f"cannot tell the autoreset mode of {show(env)}: its metadata has no "
+            "'autoreset_mode' (Gymnasium >= 1.1 sets it; 1.0 vector envs always reset on "
+            "the next step: pass autoreset='next_step')"
+        )
+    mode = metadata["autoreset_mode"]
+    name = _mode_name(mode)
+    if name == "same_step":
+        raise ValueError(_SAME_STEP)
+    if name is None:
+        raise ValueError(
+            f"autoreset_mode must be NEXT_STEP, SAME_STEP or DISABLED, got {show(mode)}"
+        )
+    return None if name == "disabled" else name
 
 
 def _find(fields: Mapping[str, Field], names: tuple[str, ...]) -> str | None:
@@ -40,21 +147,70 @@ def _find(fields: Mapping[str, Field], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
+@dataclass(frozen=True, slots=True)
+class NStepPlan:
+    """What one add completes, from :meth:`NStepWriter.prepare`.
+
+    Attributes:
+        out: the completed transitions, ``{field: (count, *shape)}`` in the
+            writer's ``output_fields`` order and dtypes. Arrays may share
+            memory with the prepared batch (and be read-only): copy them,
+            as the storage write does, to keep them.
+        count: number of completed transitions (may be 0).
+        dropped: rows dropped by ``autoreset="next_step"``.
+    """
+
+    out: dict[str, np.ndarray]
+    count: int
+    dropped: int
+    _apply: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+
+
+# plan kinds, the first entry of NStepPlan._apply
+_ONE, _DROP, _BATCH = 0, 1, 2
+# how an output field is filled: from the completing row, from the first
+# step's row, the return, the discount
+_LAST, _FIRST, _RETURN, _DISCOUNT = 0, 1, 2, 3
+
+
 class NStepWriter:
-    """Turns 1-step transitions into n-step ones (see the module docstring).
+    """Turns 1-step transitions into n-step ones, per stream (module docstring).
+
+    Not locked: the buffer holds its lock around ``prepare`` and ``commit``.
 
     Args:
         fields: the input field spec (the stored spec adds ``discount``).
         n: window length, >= 1.
         gamma: discount factor in [0, 1].
-        reward_key, next_obs_key, terminated_key, truncated_key: field names;
-            by default found among common names (``reward``, ``next_obs``,
-            ``terminated`` or ``done``, ``truncated``). Without a termination
-            field episodes never end; ``done`` counts as termination.
+        reward_key, next_obs_key: field names; ``None`` finds them among
+            common names (``reward``, ``next_obs``, ...). Needed when n > 1.
+        terminated_key, truncated_key: field names, or ``None`` to say there
+            is no such field; by default found among common names
+            (``terminated`` / ``done``; ``truncated`` / ``timeout``). When
+            n > 1 or with ``autoreset`` the writer must know how episodes
+            end, so a field not found raises instead of being assumed absent.
+            ``done`` counts as termination.
+        n_envs: every add is one step of each of ``n_envs`` environments (row
+            i = env i); ``env_ids`` are then refused. ``None``: streams come
+            from ``env_ids`` (stream 0 without).
+        autoreset: ``None`` (every row is a transition) or ``"next_step"``
+            (drop the row after an episode end, per stream).
+        discount_field: add the ``discount`` field; must be True when n > 1.
 
     Raises:
-        ValueError: a needed field is missing, or ``discount`` is taken.
+        ValueError: a needed field is missing or not found, ``discount`` is
+            taken, keys coincide, a bad ``autoreset`` (``"same_step"``: see
+            :func:`autoreset_mode`), or ``discount_field=False`` with n > 1.
+        TypeError: a key that is not a string or None.
     """
+
+    fields: dict[str, Field]
+    output_fields: dict[str, Field]
 
     def __init__(
         self,
@@ -64,99 +220,578 @@ class NStepWriter:
         *,
         reward_key: str | None = None,
         next_obs_key: str | None = None,
-        terminated_key: str | None = None,
-        truncated_key: str | None = None,
+        terminated_key: KeyArg = FIND,
+        truncated_key: KeyArg = FIND,
+        n_envs: int | None = None,
+        autoreset: str | None = None,
+        discount_field: bool = True,
     ) -> None:
         self.n = check_int("n_step", n, minimum=1)
         self.gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
         self.fields = dict(fields)
-        self.reward_key = reward_key or _find(fields, REWARD_KEYS)
-        self.next_obs_key = next_obs_key or _find(fields, NEXT_OBS_KEYS)
-        self.terminated_key = terminated_key or _find(fields, TERMINATED_KEYS)
-        self.truncated_key = truncated_key or _find(fields, TRUNCATED_KEYS)
-        for role, key, names in (
-            ("reward", self.reward_key, REWARD_KEYS),
-            ("next observation", self.next_obs_key, NEXT_OBS_KEYS),
-        ):
-            if key is None or key not in fields:
-                raise ValueError(
-                    f"n-step returns need a {role} field (one of {list(names)} or named "
-                    f"explicitly), got fields {list(fields)}"
-                )
-        for key in (self.terminated_key, self.truncated_key):
-            if key is not None and key not in fields:
-                raise ValueError(f"n-step field `{key}` is not among the fields {list(fields)}")
-        assert self.reward_key is not None
-        if fields[self.reward_key].dtype.kind != "f":
-            raise ValueError(
-                f"n-step returns need a floating reward field, got `{self.reward_key}` "
-                f"of dtype {fields[self.reward_key].dtype}"
+        self.n_envs = None if n_envs is None else check_int("n_envs", n_envs, minimum=1)
+        if autoreset is not None and autoreset != "next_step":
+            bad = f"`autoreset` must be None or 'next_step', got autoreset={show(autoreset)}"
+            raise ValueError(_SAME_STEP if _mode_name(autoreset) == "same_step" else bad)
+        self.autoreset = autoreset
+        if not isinstance(discount_field, bool | np.bool_):
+            raise TypeError(
+                f"`discount_field` must be a bool, got discount_field={show(discount_field)}"
             )
-        if DISCOUNT in fields:
+        if self.n > 1 and not discount_field:
+            raise ValueError(
+                "`discount_field` must be True when n_step > 1 (the bootstrap discount "
+                f"varies), got discount_field=False with n_step={self.n}"
+            )
+        self.discount_field = bool(discount_field)
+        # streams carry state only when windows span steps or rows get dropped
+        self._tracks = self.n > 1 or self.autoreset is not None
+        self._resolve_keys(reward_key, next_obs_key, terminated_key, truncated_key)
+        if self.discount_field and DISCOUNT in self.fields:
             raise ValueError(f"field name `{DISCOUNT}` is reserved for n-step buffers")
-        self.pending: dict[str, np.ndarray] = self._empty()
+        self.output_fields = dict(self.fields)
+        if self.discount_field:
+            self.output_fields[DISCOUNT] = Field((), np.dtype(np.float32))
 
-    def _empty(self) -> dict[str, np.ndarray]:
-        return {k: np.zeros((0, *f.shape), dtype=f.dtype) for k, f in self.fields.items()}
+        # a transition takes next_obs and the flags from its window's last
+        # step, always a row of the add completing it: windows keep the other
+        # fields of pending steps, and the reward in float64
+        last = {self.next_obs_key, self.terminated_key, self.truncated_key}
+        n1 = self.n == 1
+        self._window_keys = tuple(
+            f for f in self.fields if not n1 and f not in last and f != self.reward_key
+        )
+        self._kinds = tuple(
+            (f, _LAST if n1 or f in last else _RETURN if f == self.reward_key else _FIRST)
+            for f in self.fields
+        ) + (((DISCOUNT, _DISCOUNT),) if self.discount_field else ())
+        ends = [key for key in (self.terminated_key, self.truncated_key) if key is not None]
+        self._flags = tuple((key, self.fields[key].shape == ()) for key in ends)
+        self._bool_flags = {
+            key for key in ends if self.fields[key] == Field((), np.dtype(np.bool_))
+        }
+        self._reward_size = 0
+        self._scalar_reward = False
+        if not n1 and self.reward_key is not None:
+            rfield = self.fields[self.reward_key]
+            self._reward_size = math.prod(rfield.shape)
+            self._scalar_reward = rfield.shape == ()
+            # the kernel writes returns in the field's dtype where numba can
+            f32_64 = rfield.dtype in (np.float32, np.float64)
+            self._rdtype = rfield.dtype if f32_64 else np.dtype(np.float64)
+        self._empty_out = {
+            name: _frozen(np.zeros((0, *f.shape), dtype=f.dtype))
+            for name, f in self.output_fields.items()
+        }
+        # the discount of a full window (of the row itself when n == 1)
+        self._disc_full = _frozen(np.array([self.gamma**self.n], dtype=np.float32))
+        self._env_rows: np.ndarray | None = None  # arange(n_envs), made at the first add
+        self._dropped = 0
+        self._version = 0
+        self._reset_streams(4, min(self.n - 1, _RING0))
 
-    @property
-    def output_fields(self) -> dict[str, Field]:
-        return {**self.fields, DISCOUNT: Field((), np.dtype(np.float32))}
+    # -- construction helpers -------------------------------------------------
+    def _resolve_keys(self, reward: Any, next_obs: Any, term: Any, trunc: Any) -> None:
+        fields = self.fields
+        for arg, key in zip(("reward", "next_obs", "terminated", "truncated"),
+                            (reward, next_obs, term, trunc), strict=True):  # fmt: skip
+            if key is not None and key is not FIND and not isinstance(key, str):
+                raise TypeError(f"`{arg}_key` must be a field name or None, got {show(key)}")
+            if isinstance(key, str) and key not in fields:
+                raise ValueError(f"n-step field `{key}` is not among the fields {list(fields)}")
+        self.reward_key: str | None = reward or _find(fields, REWARD_KEYS)
+        self.next_obs_key: str | None = next_obs or _find(fields, NEXT_OBS_KEYS)
+        if self.n > 1:
+            for role, key, names in (("reward", self.reward_key, REWARD_KEYS),
+                                     ("next observation", self.next_obs_key, NEXT_OBS_KEYS)):  # fmt: skip
+                if key is None:
+                    raise ValueError(
+                        f"n-step returns need a {role} field (one of {list(names)} or named "
+                        f"explicitly), got fields {list(fields)}"
+                    )
+            rdtype = fields[str(self.reward_key)].dtype
+            if rdtype.kind != "f":
+                raise ValueError(
+                    f"n-step returns need a floating reward field, got `{self.reward_key}` "
+                    f"of dtype {rdtype}"
+                )
+        why = "n-step returns (n_step > 1)" if self.n > 1 else None
+        if why is None and self.autoreset is not None:
+            why = "autoreset='next_step'"
+        disc = "the discount field" if self.discount_field else None
+        self.terminated_key: str | None = self._end_key(
+            term, TERMINATED_KEYS, "terminated", "episodes never terminate", why or disc
+        )
+        self.truncated_key: str | None = self._end_key(
+            trunc, TRUNCATED_KEYS, "truncated", "the environment never truncates", why
+        )
+        keys = (self.reward_key, self.next_obs_key, self.terminated_key, self.truncated_key)
+        used = [k for k in keys if k is not None]
+        if len(set(used)) != len(used):
+            raise ValueError(
+                "the reward, next observation, termination and truncation fields must differ, "
+                f"got reward_key={keys[0]!r}, next_obs_key={keys[1]!r}, "
+                f"terminated_key={keys[2]!r}, truncated_key={keys[3]!r}"
+            )
 
+    def _end_key(
+        self, given: Any, names: tuple[str, ...], role: str, never: str, why: str | None
+    ) -> str | None:
+        if given is not FIND:
+            return given  # a field name (checked) or an explicit None
+        found = _find(self.fields, names)
+        if found is None and why is not None:
+            what = role[:-2] + "ion"  # termination, truncation
+            raise ValueError(
+                f"{why} must know where episodes end, but no {what} field is among "
+                f"{list(names)} in fields {list(self.fields)}: name it with {role}_key='<field>' "
+                f"(a buffer: nstep_keys={{'{role}_key': '<field>'}}), or pass {role}_key=None "
+                f"(a buffer: nstep_keys={{'{role}_key': None}}) if {never}"
+            )
+        return found
+
+    def _powers(self, w: int) -> np.ndarray:
+        """``gamma ** j`` for every window length a ring of ``w`` rows allows."""
+        return np.array([self.gamma**j for j in range(min(self.n, w + 1) + 1)])
+
+    def _reset_streams(self, cap: int, w: int) -> None:
+        """Forget every stream; room for ``cap`` (with n_envs: register them)."""
+        self._cap, self._w = cap, max(w, 1)
+        self._gpow = self._powers(self._w)
+        self._gpow_list = self._gpow.tolist()
+        self._meta = np.zeros((cap, _nk.META_COLS), dtype=np.int64)
+        self._ids = np.zeros(cap, dtype=np.int64)
+        self._win = {
+            f: np.zeros((cap * self._w, *self.fields[f].shape), dtype=self.fields[f].dtype)
+            for f in self._window_keys
+        }
+        self._rwin = np.zeros((cap * self._w, self._reward_size))
+        self._views()
+        self._row_of: dict[int, int] = {}
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self._n_rows = 0
+        self._n_pending = 0
+        self._max_len = 0  # >= every pending length: when the ring must grow
+
+    def _views(self) -> None:
+        """(streams, w, ...) views of the windows, for the n_envs slice writes."""
+        self._win3 = {f: a.reshape(self._cap, self._w, *a.shape[1:]) for f, a in self._win.items()}
+        self._rwin3 = self._rwin.reshape(self._cap, self._w, self._reward_size)
+
+    # -- properties -----------------------------------------------------------------
     @property
     def n_pending(self) -> int:
-        return int(next(iter(self.pending.values())).shape[0])
+        """Transitions waiting for their window, over all streams. O(1)."""
+        return self._n_pending
 
-    def process(
-        self, batch: Mapping[str, np.ndarray], k: int
-    ) -> tuple[dict[str, np.ndarray], int, dict[str, np.ndarray]]:
-        """Pure: (transitions to write, their count, the new pending window)."""
-        seq = {name: np.concatenate([self.pending[name], batch[name]]) for name in self.fields}
-        length = self.n_pending + k
-        terminated = self._flag(seq, self.terminated_key, length)
-        truncated = self._flag(seq, self.truncated_key, length)
-        ended = terminated | truncated
-        pos = np.arange(length)
-        end_at = np.where(ended, pos, length)
-        next_end = np.minimum.accumulate(end_at[::-1])[::-1]
-        # an n past the sequence's end changes nothing (the window is cut there or
-        # not yet complete): the cap keeps a huge n (a forged checkpoint) from
-        # overflowing int64 or looping for ever
-        reach = min(self.n, length + 1)
-        last = np.minimum(pos + (reach - 1), next_end)
-        emit = int(np.count_nonzero(last < length))  # the emitted ones form a prefix
-        last = last[:emit]
-        m = last - pos[:emit] + 1
-        assert self.reward_key is not None and self.next_obs_key is not None
-        rewards = seq[self.reward_key].astype(np.float64)
-        ret = np.zeros(emit, dtype=np.float64)
-        for j in range(reach):  # loop over the window, vectorised over transitions
-            take = j < m
-            ret += np.where(
-                take, self.gamma**j * rewards[np.minimum(pos[:emit] + j, length - 1)], 0.0
+    @property
+    def n_streams(self) -> int:
+        """Streams known (with ``n_envs``: ``n_envs``); 0 when none carry state. O(1)."""
+        return self._n_rows
+
+    @property
+    def dropped(self) -> int:
+        """Rows dropped by ``autoreset="next_step"``, ever (``clear`` keeps it). O(1)."""
+        return self._dropped
+
+    # -- streams ---------------------------------------------------------------------
+    def _check_ids(self, k: int, env_ids: Any) -> np.ndarray:
+        arr = to_numpy(env_ids)
+        if arr.ndim == 0 and k == 1:
+            arr = arr.reshape(1)
+        if arr.ndim != 1:
+            raise ValueError(
+                f"`env_ids` must be 1-D with one id per row ({k}), got env_ids with "
+                f"shape {arr.shape}"
             )
-        out = {name: arr[:emit].copy() for name, arr in seq.items()}
-        out[self.reward_key] = ret.astype(self.fields[self.reward_key].dtype)
-        out[self.next_obs_key] = seq[self.next_obs_key][last]
-        for key in (self.terminated_key, self.truncated_key):
-            if key is not None:
-                out[key] = seq[key][last]
-        discount = np.where(terminated[last], 0.0, np.power(self.gamma, m.astype(np.float64)))
-        out[DISCOUNT] = discount.astype(np.float32)
-        pending = {name: arr[emit:].copy() for name, arr in seq.items()}
-        return out, emit, pending
+        if arr.dtype.kind not in "iu":
+            raise TypeError(
+                f"`env_ids` must hold integers, got env_ids with dtype {arr.dtype}: {show(arr)}"
+            )
+        if arr.shape[0] != k:
+            raise ValueError(
+                f"`env_ids` must have one id per row ({k}), got {arr.shape[0]} ids: {show(arr)}"
+            )
+        if arr.dtype.kind == "i" and int(arr.min()) < 0:
+            raise ValueError(f"`env_ids` must be >= 0, got env_ids={show(arr)}")
+        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > 2**63 - 1:
+            raise ValueError(f"`env_ids` must be < 2**63, got env_ids={show(arr)}")
+        return arr.astype(np.int64, copy=False)
 
-    @staticmethod
-    def _flag(seq: Mapping[str, np.ndarray], key: str | None, length: int) -> np.ndarray:
+    def _rows(self, k: int, env_ids: Any) -> tuple[int | np.ndarray | None, list[int]]:
+        """Check the stream information: the batch's stream row(s), new ids.
+
+        An int for one row of a known stream; None when streams carry no
+        state (n == 1 without autoreset).
+        """
+        if self.n_envs is not None:
+            if env_ids is not None:
+                raise ValueError(
+                    f"`env_ids` must be None when n_envs={self.n_envs} is set (row i is env "
+                    f"i), got env_ids={show(env_ids)}"
+                )
+            if k != self.n_envs:
+                single = k == 1 and " (a single transition is refused: its env is ambiguous)"
+                raise ValueError(
+                    f"with n_envs={self.n_envs} every add must be one step of every "
+                    f"environment, a batch of exactly {self.n_envs} rows (row i = env i), got "
+                    f"{k} row(s){single or ''}"
+                )
+            if not self._tracks:
+                return None, []
+            if self._env_rows is None:
+                self._env_rows = np.arange(k, dtype=np.int64)  # a cache, not state
+            if self._n_rows == 0:  # the first add registers every env: row i = env i
+                return self._env_rows, list(range(k))
+            return (0 if k == 1 else self._env_rows), []
+        if env_ids is None:
+            if k > 1 and self._tracks:
+                why = "n_step > 1" if self.n > 1 else "autoreset='next_step'"
+                raise ValueError(
+                    f"a batch of {k} transitions needs stream information when {why}: pass "
+                    "`env_ids` (one id per row: the environment or actor it comes from; rows "
+                    f"of one id are consecutive steps of it, e.g. env_ids=np.zeros({k}, "
+                    "dtype=np.int64) for one environment's trajectory), or set `n_envs` if "
+                    "every batch is one step of each of n_envs environments (row i = env i); "
+                    "got env_ids=None and n_envs=None"
+                )
+            sid = 0
+        elif type(env_ids) is int and k == 1 and env_ids >= 0:
+            sid = env_ids  # the common one-actor call, without numpy
+        else:
+            ids = self._check_ids(k, env_ids)
+            if not self._tracks:
+                return None, []
+            if k > 1:
+                return self._lookup(ids)
+            sid = int(ids[0])
+        if not self._tracks:
+            return None, []
+        row = self._row_of.get(sid)
+        if row is None:
+            return np.array([self._n_rows], dtype=np.int64), [sid]
+        return row, []
+
+    def _lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Rows of ``ids`` and the new ids (rows after the known ones, in order
+        of first appearance). O(k log S), vectorized."""
+        if self._sorted is None:
+            known = self._ids[: self._n_rows]
+            order = np.argsort(known, kind="stable")
+            self._sorted = (known[order], order.astype(np.int64))
+        sids, srows = self._sorted
+        if sids.shape[0]:
+            pos = np.minimum(np.searchsorted(sids, ids), sids.shape[0] - 1)
+            hit = sids[pos] == ids
+            rows = srows[pos]
+            if hit.all():
+                return rows, []
+        else:
+            hit = np.zeros(ids.shape[0], dtype=bool)
+            rows = np.zeros(ids.shape[0], dtype=np.int64)
+        miss = ids[~hit]
+        uniq, first = np.unique(miss, return_index=True)
+        order = np.argsort(first, kind="stable")
+        new_row = np.empty(uniq.shape[0], dtype=np.int64)
+        new_row[order] = self._n_rows + np.arange(uniq.shape[0], dtype=np.int64)
+        rows[~hit] = new_row[np.searchsorted(uniq, miss)]
+        return rows, uniq[order].tolist()
+
+    # -- the two-phase add -------------------------------------------------------------
+    def prepare(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any = None) -> NStepPlan:
+        """Check the stream information and compute what this add completes.
+
+        Pure: changes nothing (new streams and grown arrays wait in the plan
+        for :meth:`commit`). O(k + m n) for ``m`` completed transitions (the
+        module docstring has the details).
+
+        Args:
+            batch: ``{field: (k, *shape)}`` from
+                :func:`fastper.storage.coerce_batch` (validated and cast).
+            k: number of rows.
+            env_ids: ``None``, or the stream id of each row (ints >= 0; a
+                scalar when ``k == 1``; lists and torch tensors accepted).
+
+        Returns:
+            An :class:`NStepPlan`, for :meth:`commit` before the next ``prepare``.
+
+        Raises:
+            ValueError: a batch of several rows without ``env_ids`` or
+                ``n_envs`` (n > 1 or autoreset), a batch that is not
+                ``n_envs`` rows, ``env_ids`` with ``n_envs``, or ``env_ids`` of
+                the wrong length or negative.
+            TypeError: ``env_ids`` that are not integers.
+        """
+        rows, new_ids = self._rows(k, env_ids)
+        if rows is None:  # n == 1 without autoreset: every row as it is
+            out = dict(batch)
+            if self.discount_field:
+                term = self._flag(batch, self.terminated_key, k)
+                g = np.float32(self.gamma)
+                out[DISCOUNT] = (
+                    np.full(k, g) if term is None else np.where(term, np.float32(0.0), g)
+                )
+            return NStepPlan(out, k, 0)
+        if type(rows) is int:
+            plan = self._prepare_one(batch, rows)
+            if plan is not None:
+                return plan
+            rows = np.array([rows], dtype=np.int64)
+        assert isinstance(rows, np.ndarray)
+        term = self._flag(batch, self.terminated_key, k)
+        trunc = self._flag(batch, self.truncated_key, k)
+        if term is None:
+            term = np.zeros(k, dtype=bool)
+        if trunc is None:
+            trunc = term
+
+        grown = None
+        meta, w, gpow = self._meta, self._w, self._gpow
+        n_rows = self._n_rows + len(new_ids)
+        # a window may outgrow the ring (only when it is shorter than n - 1)
+        wider = w < self.n - 1 and self._max_len + k > w
+        if n_rows > self._cap or wider:
+            new_w = min(self.n - 1, max(2 * w, self._max_len + k)) if wider else w
+            grown = self._grown(max(n_rows, self._cap), new_w)
+            meta, w, gpow = grown[0], grown[5], grown[6]
+        nr = self._reward_size
+        cap_out = k + min(self._n_pending, k * (self.n - 1))
+        if nr:
+            assert self.reward_key is not None
+            rb = batch[self.reward_key].reshape(k, nr)
+            rout = np.empty((cap_out, nr), dtype=self._rdtype)
+        else:
+            rb, rout = np.zeros((k, 0)), np.empty((cap_out, 0))
+        dout = np.empty(cap_out, dtype=np.float32)
+        ibuf = np.empty(2 * cap_out + 6 * k, dtype=np.int64)
+        n, auto = min(self.n, 2**62), self.autoreset is not None  # 2**62: as good as infinite
+        m, n_u, n_store, dropped, delta, longest, flags = _nk.plan_batch(
+            rows, term, trunc, meta, n, self._w, w, auto, self._rwin, rb, gpow, ibuf, rout, dout
+        )
+        out = self._empty_out
+        if m:
+            out = self._gather(batch, m, ibuf, cap_out, rout, dout, flags)
+        apply = (_BATCH, self._version, batch, rb, ibuf, cap_out, k, n_u, n_store, flags)
+        return NStepPlan(out, m, dropped, (*apply, delta, longest, new_ids, grown))
+
+    def _flag(self, batch: Mapping[str, np.ndarray], key: str | None, k: int) -> Any:
+        """(k,) bool: does the row's flag field say so (any nonzero entry)."""
         if key is None:
-            return np.zeros(length, dtype=bool)
-        flag = np.asarray(seq[key]).reshape(length, -1) != 0
-        return np.asarray(flag.any(axis=1))
+            return None
+        arr = batch[key]
+        if key in self._bool_flags:
+            return arr  # a scalar bool field (the batch holds the field's dtype)
+        return (arr != 0).reshape(k, -1).any(axis=1)
 
+    def _prepare_one(self, batch: Mapping[str, np.ndarray], r: int) -> NStepPlan | None:
+        """One row of known stream ``r`` that ends nothing, in O(n) Python; else None."""
+        clock, length, skip, _ = self._meta[r].tolist()
+        if skip:
+            return NStepPlan(self._empty_out, 0, 1, (_DROP, self._version, r, clock + 1))
+        for key, scalar in self._flags:
+            flag = batch[key]
+            if flag[0] if scalar else flag.any():
+                return None  # an episode end: the kernel flushes the window
+        n, w = self.n, self._w
+        if n == 1:  # autoreset only: the row is its own transition
+            out = {name: batch[name] for name, _ in self._kinds if name != DISCOUNT}
+            if self.discount_field:
+                out[DISCOUNT] = self._disc_full
+            return NStepPlan(out, 1, 0, (_ONE, self._version, r, -1, batch, clock + 1, 0))
+        at = r * w + clock % w  # where this row waits
+        if length + 1 < n:
+            if length + 1 > w:
+                return None  # the ring must grow first
+            plan = (_ONE, self._version, r, at, batch, clock + 1, length + 1)
+            return NStepPlan(self._empty_out, 0, 0, plan)
+        if not self._scalar_reward:
+            return None
+        assert self.reward_key is not None
+        # the oldest window is complete: sum its return as the kernel does
+        rew = self._rwin[r * w : r * w + w, 0].tolist()
+        gp = self._gpow_list
+        acc = 0.0
+        for j in range(w):
+            acc += gp[j] * rew[(clock - length + j) % w]
+        acc += gp[w] * float(batch[self.reward_key][0])
+        first = r * w + (clock - length) % w  # == at: copied before commit() reuses it
+        out = {}
+        for name, kind in self._kinds:
+            if kind == _LAST:
+                out[name] = batch[name]
+            elif kind == _FIRST:
+                out[name] = self._win[name][first : first + 1].copy()
+            elif kind == _RETURN:
+                out[name] = np.array([acc], dtype=self.fields[name].dtype)  # shape (1,)
+            else:
+                out[name] = self._disc_full
+        return NStepPlan(out, 1, 0, (_ONE, self._version, r, at, batch, clock + 1, length))
+
+    def _gather(
+        self,
+        batch: Mapping[str, np.ndarray],
+        m: int,
+        ibuf: np.ndarray,
+        cap_out: int,
+        rout: np.ndarray,
+        dout: np.ndarray,
+        flags: int,
+    ) -> dict[str, np.ndarray]:
+        """The completed transitions' fields, from the windows and the batch."""
+        first = ibuf[:m]
+        last = ibuf[cap_out : cap_out + m]
+        parts = None
+        out: dict[str, np.ndarray] = {}
+        for name, kind in self._kinds:
+            if kind == _LAST:
+                src = batch[name]
+                out[name] = src if flags & _nk.LAST_IS_BATCH else src.take(last, axis=0)
+            elif kind == _FIRST:
+                if flags & _nk.FIRST_IS_BATCH:
+                    out[name] = batch[name]
+                elif flags & _nk.FIRST_ALL_WINDOW:
+                    out[name] = self._win[name].take(first, axis=0)
+                else:
+                    if parts is None:
+                        from_win = first >= 0
+                        parts = (from_win, first[from_win], ~from_win, -1 - first[~from_win])
+                    f = self.fields[name]
+                    arr = np.empty((m, *f.shape), dtype=f.dtype)
+                    arr[parts[0]] = self._win[name].take(parts[1], axis=0)
+                    arr[parts[2]] = batch[name].take(parts[3], axis=0)
+                    out[name] = arr
+            elif kind == _RETURN:
+                f = self.fields[name]
+                if self._scalar_reward and rout.dtype == f.dtype:
+                    out[name] = rout[:m, 0]
+                else:
+                    out[name] = rout[:m].reshape((m, *f.shape)).astype(f.dtype, copy=False)
+            else:
+                out[name] = dout[:m]
+        return out
+
+    def _pending_rows(self, meta: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ring rows of every pending step (streams in order, oldest first)
+        for ``meta`` and a ring of ``w`` rows; and each step's stream row."""
+        lengths = meta[:, _nk.LENGTH]
+        rep = np.repeat(np.arange(meta.shape[0], dtype=np.int64), lengths)
+        within = np.arange(rep.shape[0], dtype=np.int64) - (np.cumsum(lengths) - lengths)[rep]
+        return rep * w + (meta[rep, _nk.CLOCK] - lengths[rep] + within) % w, rep
+
+    def _grown(self, cap: int, w: int) -> tuple[Any, ...]:
+        """Copies of the per-stream arrays with room for ``cap`` streams (doubling)
+        and rings of ``w`` rows. O(streams + pending)."""
+        if cap > self._cap:
+            cap = max(2 * self._cap, cap)
+        used = self._n_rows
+        meta = np.zeros((cap, _nk.META_COLS), dtype=np.int64)
+        meta[:used] = self._meta[:used]
+        ids = np.zeros(cap, dtype=np.int64)
+        ids[:used] = self._ids[:used]
+        src, rep = self._pending_rows(self._meta[:used], self._w)
+        dst = self._pending_rows(self._meta[:used], w)[0]
+        win = {}
+        for name, arr in self._win.items():
+            win[name] = np.zeros((cap * w, *arr.shape[1:]), dtype=arr.dtype)
+            win[name][dst] = arr[src]
+        rwin = np.zeros((cap * w, self._reward_size))
+        rwin[dst] = self._rwin[src]
+        gpow = self._gpow if w == self._w else self._powers(w)
+        return meta, ids, win, rwin, cap, w, gpow
+
+    def commit(self, plan: NStepPlan) -> None:
+        """Apply the plan of the last :meth:`prepare`. O(k + touched streams).
+
+        Raises:
+            RuntimeError: the plan is stale (another plan was committed, or the
+                writer cleared or loaded, since it was prepared): a caller's bug.
+        """
+        apply = plan._apply
+        if apply is None:
+            return  # nothing changes (n == 1 without autoreset)
+        if apply[1] != self._version:
+            raise RuntimeError("this n-step plan is stale: prepare() it again")
+        self._version += 1
+        kind = apply[0]
+        if kind == _ONE:
+            _, _, r, at, batch, clock, length = apply
+            for name in self._window_keys:
+                self._win[name][at] = batch[name][0]
+            if self._scalar_reward:
+                assert self.reward_key is not None
+                self._rwin[at, 0] = batch[self.reward_key][0]
+            elif self._reward_size:
+                assert self.reward_key is not None
+                self._rwin[at] = batch[self.reward_key].reshape(-1)
+            meta = self._meta
+            meta[r, _nk.CLOCK] = clock
+            if length != meta[r, _nk.LENGTH]:
+                meta[r, _nk.LENGTH] = length
+                self._n_pending += 1
+                self._max_len = max(self._max_len, length)
+            return
+        if kind == _DROP:
+            self._meta[apply[2], _nk.SKIP] = 0
+            self._meta[apply[2], _nk.CLOCK] = apply[3]
+            self._dropped += 1
+            return
+        _, _, batch, rb, ibuf, cap_out, k, n_u, n_store, flags, delta, longest, new_ids, grown = (
+            apply
+        )
+        if grown is not None:
+            self._meta, self._ids, self._win, self._rwin, self._cap, self._w, self._gpow = grown
+            self._gpow_list = self._gpow.tolist()
+            self._views()
+        if self.n_envs is not None and self._window_keys:
+            # every env's row to the ring position of the common clock, one
+            # slice per field; rows not kept land where no pending step is
+            at = int(self._meta[0, _nk.CLOCK]) % self._w
+            for name in self._window_keys:
+                self._win3[name][:k, at] = batch[name]
+            if self._reward_size:
+                self._rwin3[:k, at] = rb
+        elif n_store:
+            o_dst = 2 * cap_out + 4 * k
+            dst = ibuf[o_dst : o_dst + n_store]
+            src = None if flags & _nk.STORE_IS_BATCH else ibuf[o_dst + k : o_dst + k + n_store]
+            for name in self._window_keys:
+                self._win[name][dst] = batch[name] if src is None else batch[name][src]
+            if self._reward_size == 1:  # 1-D fancy assignment: several times faster
+                rb = rb.reshape(-1)
+                self._rwin.reshape(-1)[dst] = rb if src is None else rb[src]
+            elif self._reward_size:
+                self._rwin[dst] = rb if src is None else rb[src]
+        o_u = 2 * cap_out
+        new_meta = ibuf[o_u + k : o_u + k + 3 * n_u].reshape(n_u, 3)
+        if flags & _nk.TOUCHED_IS_RANGE:
+            self._meta[:n_u, :3] = new_meta
+        else:
+            self._meta[ibuf[o_u : o_u + n_u], :3] = new_meta
+        if new_ids:
+            start = self._n_rows
+            for i, sid in enumerate(new_ids):
+                self._row_of[sid] = start + i
+            self._ids[start : start + len(new_ids)] = new_ids
+            self._n_rows = start + len(new_ids)
+            self._sorted = None
+        self._n_pending += delta
+        self._max_len = max(self._max_len, longest)
+        self._dropped += plan.dropped
+
+    # -- housekeeping -------------------------------------------------------------------
     def clear(self) -> None:
-        self.pending = self._empty()
+        """Drop every pending window. O(streams).
+
+        Streams stay known, with their autoreset state: an env that just ended
+        still sends its reset row next, whatever happened to the buffer.
+        """
+        self._meta[:, _nk.LENGTH] = 0
+        self._n_pending = 0
+        self._max_len = 0
+        self._version += 1
 
     def settings(self) -> dict[str, Any]:
+        """The constructor's arguments (field names resolved), JSON-able. O(1)."""
         return {
             "n": self.n,
             "gamma": self.gamma,
@@ -164,4 +799,181 @@ class NStepWriter:
             "next_obs_key": self.next_obs_key,
             "terminated_key": self.terminated_key,
             "truncated_key": self.truncated_key,
+            "n_envs": self.n_envs,
+            "autoreset": self.autoreset,
+            "discount_field": self.discount_field,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pending state: JSON values and top-level numpy arrays. O(pending).
+
+        Keys: ``format`` (2); ``stream_ids`` (int64, the streams in the order
+        they appeared); ``lengths`` (int64, pending steps per stream);
+        ``skip_next`` (bool, per stream: its next row follows an episode end,
+        autoreset); ``dropped`` (int); and ``pending/<field>`` for every field
+        a pending step keeps (not ``next_obs`` nor the flags, which a pending
+        step never passes on), the streams' steps one after another, oldest
+        first.
+        """
+        meta = self._meta[: self._n_rows]
+        idx = self._pending_rows(meta, self._w)[0]
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "stream_ids": self._ids[: self._n_rows].copy(),
+            "lengths": meta[:, _nk.LENGTH].copy(),
+            "skip_next": meta[:, _nk.SKIP] != 0,
+            "dropped": self._dropped,
+        }
+        for name in self._window_keys:
+            state[f"pending/{name}"] = self._win[name].take(idx, axis=0)
+        if self._reward_size:
+            assert self.reward_key is not None
+            f = self.fields[self.reward_key]
+            rew = self._rwin.take(idx, axis=0).reshape((idx.shape[0], *f.shape))
+            state[f"pending/{self.reward_key}"] = rew.astype(f.dtype)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace the pending state with ``state`` (from :meth:`state_dict`). O(pending).
+
+        Also reads the legacy one-window form ``{"pending/<field>": array}``
+        of fastper 0.1 (every input field, no stream information): its rows
+        become stream 0's window.
+
+        Raises:
+            ValueError: anything inconsistent (unknown or missing keys, wrong
+                dtypes or shapes, a window longer than n - 1, a pending step
+                that ends an episode, duplicate or negative stream ids, ids
+                outside ``n_envs``); the writer is then unchanged.
+            TypeError: ``state`` is not a mapping.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"n-step state must be a mapping, got {show(state)}")
+        ids, lengths, skip, dropped, pending = self._check_state(state)
+        # nothing below can fail
+        longest = int(lengths.max(initial=0))
+        known = ids if self.n_envs is None or not ids.size else np.arange(self.n_envs)
+        self._reset_streams(max(4, known.shape[0]), min(self.n - 1, max(_RING0, longest)))
+        self._row_of = {int(i): r for r, i in enumerate(known.tolist())}
+        self._ids[: known.shape[0]] = known
+        self._n_rows = known.shape[0]
+        if self.n_envs is None:
+            rows = np.arange(ids.shape[0], dtype=np.int64)
+            self._meta[rows, _nk.CLOCK] = lengths
+        else:
+            rows = ids  # row i = env i; one clock for all, as every add moves all
+            self._meta[: self._n_rows, _nk.CLOCK] = longest
+        self._meta[rows, _nk.LENGTH] = lengths
+        self._meta[rows, _nk.SKIP] = skip
+        idx = self._pending_rows(self._meta[: self._n_rows], self._w)[0]
+        for name in self._window_keys:
+            self._win[name][idx] = pending[name]
+        if self._reward_size:
+            assert self.reward_key is not None
+            self._rwin[idx] = pending[self.reward_key].reshape(idx.shape[0], self._reward_size)
+        self._n_pending = int(lengths.sum())
+        self._max_len = longest
+        self._dropped = dropped
+        self._version += 1
+
+    def _check_state(
+        self, state: Mapping[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, dict[str, np.ndarray]]:
+        keys = {f"pending/{name}": name for name in self.fields}
+        legacy = "stream_ids" not in state
+        meta_keys = () if legacy else ("format", "stream_ids", "lengths", "skip_next", "dropped")
+        unknown = [k for k in state if k not in keys and k not in meta_keys]
+        needed = list(keys) if legacy else [f"pending/{f}" for f in self._window_keys]
+        if not legacy and self._reward_size:
+            needed.append(f"pending/{self.reward_key}")
+        needed += list(meta_keys)
+        missing = [k for k in needed if k not in state]
+        if unknown or missing:
+            raise ValueError(
+                f"n-step state must have the keys {needed}, got unknown keys {unknown} and "
+                f"missing keys {missing}"
+            )
+        arrays = {k: _array(state, k) for k in state if k not in ("format", "dropped")}
+        if legacy:  # one stream's window
+            shapes = {k: a.shape for k, a in arrays.items()}
+            if len({s[:1] for s in shapes.values()}) != 1 or any(not s for s in shapes.values()):
+                raise ValueError(f"legacy n-step state: arrays must have one length, got {shapes}")
+            total = next(iter(shapes.values()))[0]
+            ids = np.zeros(1 if total else 0, dtype=np.int64)
+            lengths = np.full(ids.shape[0], total, dtype=np.int64)
+            skip = np.zeros(ids.shape[0], dtype=bool)
+            dropped = 0
+        else:
+            if state["format"] != STATE_FORMAT:
+                raise ValueError(
+                    f"n-step state `format` must be {STATE_FORMAT}, got {show(state['format'])}"
+                )
+            ids, lengths, skip = arrays["stream_ids"], arrays["lengths"], arrays["skip_next"]
+            for name, arr in (("stream_ids", ids), ("lengths", lengths)):
+                if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                    raise ValueError(f"n-step state `{name}` must be 1-D integers, got {show(arr)}")
+            if skip.ndim != 1 or skip.dtype != np.bool_:
+                raise ValueError(f"n-step state `skip_next` must be 1-D bool, got {show(skip)}")
+            if not ids.shape == lengths.shape == skip.shape:
+                raise ValueError(
+                    "n-step state `stream_ids`, `lengths` and `skip_next` must have one entry "
+                    f"per stream, got {ids.shape[0]}, {lengths.shape[0]} and {skip.shape[0]}"
+                )
+            if ids.size and (int(ids.min()) < 0 or np.unique(ids).shape[0] != ids.shape[0]):
+                raise ValueError(
+                    f"n-step state `stream_ids` must be distinct and >= 0, got {show(ids)}"
+                )
+            ids, lengths = ids.astype(np.int64), lengths.astype(np.int64)
+            if (skip & (lengths != 0)).any() or (skip.any() and self.autoreset is None):
+                raise ValueError(
+                    "n-step state `skip_next` (the stream's next row follows an episode end) "
+                    "needs autoreset and an empty window, got it with autoreset="
+                    f"{self.autoreset!r} and lengths={show(lengths[skip])}"
+                )
+            dropped = state["dropped"]
+            if not isinstance(dropped, int | np.integer) or isinstance(dropped, bool):
+                raise ValueError(f"n-step state `dropped` must be an int, got {show(dropped)}")
+            if dropped < 0:
+                raise ValueError(f"n-step state `dropped` must be >= 0, got {dropped}")
+            dropped = int(dropped)
+        if lengths.size and (int(lengths.min()) < 0 or int(lengths.max()) > self.n - 1):
+            raise ValueError(
+                f"n-step state `lengths` must lie in [0, n - 1 = {self.n - 1}] (a window holds "
+                f"at most n - 1 pending steps), got lengths={show(lengths)}"
+            )
+        if self.n_envs is not None and ids.size and int(ids.max()) >= self.n_envs:
+            raise ValueError(
+                f"n-step state has streams unknown with n_envs={self.n_envs}: "
+                f"{show(ids[ids >= self.n_envs])}"
+            )
+        if self.n_envs is not None and not legacy and ids.size not in (0, self.n_envs):
+            raise ValueError(
+                f"n-step state must list no stream or all n_envs={self.n_envs} of them, got "
+                f"{ids.size}"
+            )
+        if not self._tracks and ids.size:
+            raise ValueError(f"n-step state has {ids.size} stream(s); n_step=1 keeps none")
+        total = int(lengths.sum())
+        pending = {}
+        for key, name in keys.items():
+            if key in arrays:
+                arr, f = arrays[key], self.fields[name]
+                if arr.dtype != f.dtype or arr.shape != (total, *f.shape):
+                    raise ValueError(
+                        f"n-step state `{key}` must have dtype {f.dtype} and shape "
+                        f"{(total, *f.shape)}, got dtype {arr.dtype} and shape {arr.shape}"
+                    )
+                if name in (self.terminated_key, self.truncated_key) and (arr != 0).any():
+                    raise ValueError(
+                        f"n-step state `{key}`: a pending step cannot end an episode (its "
+                        "window would have been written)"
+                    )
+                pending[name] = arr
+        return ids, lengths, skip, dropped, pending
+
+
+def _array(state: Mapping[str, Any], key: str) -> np.ndarray:
+    value = state[key]
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"n-step state `{key}` must be a numpy array, got {show(value)}")
+    return value

@@ -1,16 +1,22 @@
 """Sampling schemes: uniform, proportional and rank-based.
 
 A sampler owns the raw priorities ``p_i`` of every slot and whatever index it
-needs to draw from them (nothing for uniform, a sum tree and a min tree for
-proportional, a sorted order for rank-based). It never draws randomness: the
-buffer hands it uniforms in ``[0, 1)`` from its own ``numpy.random.Generator``,
-so samplers are deterministic functions of their state and those uniforms.
+needs to draw from them (nothing for uniform, a :class:`~fastper.SumTree` that
+also keeps the smallest positive leaf for proportional, a rank structure for
+rank-based). It never draws randomness: the buffer hands it uniforms in
+``[0, 1)`` from its own ``numpy.random.Generator``, so samplers are
+deterministic functions of their state and those uniforms.
 
-Common contract:
-    ``write(slots, p)``: set raw priorities (last duplicate wins). O(B log N).
+Common contract (the buffer holds its lock around every call):
+    ``write(slots, p, new=False)``: set raw priorities (last duplicate wins).
+    O(B log N). ``new``: the slots were just written by ``add``.
+    ``write_run(start, count, p)``: new slots ``start..start+count-1``, one priority.
+    ``update_from_td(...)``: validate an update, drop stale entries, write the rest.
     ``sample(u, n, beta, stratified, norm, key_base, added)``: indices, P(i),
     IS weights and the key of each sampled slot's occupant (:func:`slot_keys`).
     ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
+    ``state_dict(n)`` / ``load_state_dict(state, n)``: the checkpointed state.
+    ``reset_priorities(p, n)``: take these priorities and rebuild. O(N log N).
 
 IS weights ``w_i = (N P(i))^-beta`` are normalised by (``norm``) 0: the
 largest weight in the whole buffer, 1: the largest in the batch, 2: nothing.
@@ -19,13 +25,17 @@ largest weight in the whole buffer, 1: the largest in the batch, 2: nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ._kernels import prioritized as _pk
 from ._kernels import rank as _rk
+from ._kernels import ring as _ring
 from ._kernels import tree as _tk
 from .errors import ZeroPriorityError
+from .trees import SumTree
 
 NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
 
@@ -34,11 +44,21 @@ def slot_keys(idx: np.ndarray, key_base: int, added: int, capacity: int) -> np.n
     """Key (insertion counter) of the occupant of each slot in ``idx``.
 
     ``key_base``: the counter at the last clear; ``added``: transitions ever
-    written (see :func:`fastper._kernels.tree.slot_keys`).
+    written (see :func:`fastper._kernels.ring.slot_keys`).
     """
     out = np.empty(idx.shape[0], dtype=np.int64)
-    _tk.slot_keys(idx, key_base, added, capacity, out)
+    _ring.slot_keys(idx, key_base, added, capacity, out)
     return out
+
+
+def new_priorities(capacity: int) -> np.ndarray:
+    """A zeroed priority array padded to whole 8-entry cache lines, 64-byte aligned.
+
+    The padding lets a max tree use it as its leaves (see :class:`PriorityMax`).
+    Slice ``[:capacity]`` for the addressable part.
+    """
+    n_leaves, _, _ = _tk.layout(capacity)
+    return _tk.aligned_full(n_leaves, 0.0)
 
 
 def _normalised_weights(
@@ -49,6 +69,54 @@ def _normalised_weights(
     if norm == 1:
         return np.power(prob / prob.min(), -beta)
     return np.power(n * prob, -beta)
+
+
+def check_priority_array(name: str, p: Any, n: int) -> np.ndarray:
+    """A state's priorities: float64, one per stored slot, finite and >= 0."""
+    if (
+        not isinstance(p, np.ndarray)
+        or p.shape != (n,)
+        or p.dtype != np.float64
+        or not np.isfinite(p).all()
+        or (n and p.min() < 0)
+    ):
+        raise ValueError(
+            f"`{name}` must be {n} finite float64 priorities >= 0, got "
+            + (f"{p.dtype}{p.shape}" if isinstance(p, np.ndarray) else type(p).__name__)
+        )
+    return p
+
+
+class PriorityMax:
+    """Max tree over a sampler's raw priorities: the largest priority held now. O(log N) per write.
+
+    It uses the priority array itself as its leaves (padded, see
+    :func:`new_priorities`), so it adds only internal nodes: about 1.2 bytes
+    per slot. Empty slots hold 0.
+    """
+
+    def __init__(self, raw_leaves: np.ndarray) -> None:
+        self.leaves = raw_leaves
+        n_leaves = raw_leaves.shape[0]
+        _, self.offs, self.depth = _tk.layout(n_leaves)
+        self.inner = _tk.aligned_full(int(self.offs[-1]), 0.0)
+        self._scratch = np.empty(256, dtype=np.int64)
+        self.rebuild()
+
+    def fix(self, slots: np.ndarray) -> None:
+        if self._scratch.shape[0] < slots.shape[0]:
+            self._scratch = np.empty(slots.shape[0], dtype=np.int64)
+        _tk.fix_paths(self.leaves, self.inner, self.offs, self.depth, slots, self._scratch, _tk.MAX)
+
+    def fix_run(self, start: int, count: int) -> None:
+        self.fix(np.arange(start, start + count, dtype=np.int64))
+
+    def rebuild(self) -> None:
+        _tk.rebuild(self.leaves, self.inner, self.offs, self.depth, _tk.MAX)
+
+    @property
+    def max(self) -> float:
+        return float(self.inner[self.offs[self.depth]])
 
 
 class Sampler:
@@ -69,12 +137,15 @@ class Sampler:
         except OverflowError:  # every finite p is allowed
             return math.inf
 
-    def __init__(self, capacity: int, alpha: float) -> None:
+    def __init__(self, capacity: int, alpha: float, raw_leaves: np.ndarray | None = None) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
-        self.raw = np.zeros(capacity, dtype=np.float64)
+        # padded and aligned so that a PriorityMax can share it; buffers switching
+        # scheme hand the same array to the next sampler
+        self.raw_leaves = new_priorities(capacity) if raw_leaves is None else raw_leaves
+        self.raw = self.raw_leaves[:capacity]
 
-    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
+    def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         _tk.write_leaves(self.raw, slots, p)
 
     def update_from_td(
@@ -82,12 +153,12 @@ class Sampler:
         clip: float, size: int, key_base: int, added: int, status: np.ndarray,
     ) -> float:  # fmt: skip
         """Validate an update, drop stale entries, write the rest (see
-        :func:`fastper._kernels.tree.td_priorities` for ``status``); returns
+        :func:`fastper._kernels.ring.td_priorities` for ``status``); returns
         the largest priority written."""
         b = idx.shape[0]
         out_idx = np.empty(b, dtype=np.int64)
         out_p = np.empty(b, dtype=np.float64)
-        pmax = _tk.td_priorities(
+        pmax = _ring.td_priorities(
             idx, td, keys, use_keys, eps, clip, self.priority_limit(), size, key_base,
             added, self.capacity, out_idx, out_p, status,
         )  # fmt: skip
@@ -96,9 +167,9 @@ class Sampler:
         return float(pmax)
 
     def write_run(self, start: int, count: int, p: float) -> None:
-        """Give slots ``start .. start+count-1`` (no wrap) priority ``p``."""
+        """Give new slots ``start .. start+count-1`` (no wrap) priority ``p``."""
         slots = np.arange(start, start + count, dtype=np.int64)
-        self.write(slots, np.full(count, p))
+        self.write(slots, np.full(count, p), new=True)
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
@@ -115,19 +186,42 @@ class Sampler:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def probabilities(self, idx: np.ndarray, n: int, batch_size: int | None = None) -> np.ndarray:
+        """P(i) of a single exact draw for each slot in ``idx``. O(B)."""
+        return np.full(idx.shape[0], 1.0 / n)
+
     def clear(self) -> None:
-        self.raw[:] = 0.0
+        self.raw_leaves[:] = 0.0
 
-    # checkpoint support: arrays over the first n slots, plus small JSON state
-    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
-        return {"priorities": self.raw[:n].copy()}
-
-    def state_meta(self) -> dict[str, Any]:
-        return {}
-
-    def load_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], n: int) -> None:
-        self.raw[:n] = arrays["priorities"]
+    def reset_priorities(self, p: np.ndarray, n: int) -> None:
+        """Take raw priorities ``p`` for slots ``0..n-1`` (0 beyond) and rebuild. O(N)."""
+        if p is not self.raw[:n] and not np.shares_memory(p, self.raw):
+            self.raw[:n] = p
+        self.raw_leaves[n:] = 0.0
         self.set_alpha(self.alpha, n)
+
+    # checkpoints: JSON-able values and top-level numpy arrays
+    def state_dict(self, n: int) -> dict[str, Any]:
+        """Priorities of the first ``n`` slots (a copy) and the alpha in force. O(N)."""
+        return {"alpha": self.alpha, "priorities": self.raw[:n].copy()}
+
+    def state_targets(self, n: int) -> dict[str, np.ndarray]:
+        """Where a loader may read this state's arrays in place (views of own memory)."""
+        return {"priorities": self.raw[:n]}
+
+    def load_state_dict(self, state: dict[str, Any], n: int) -> None:
+        """Check ``state`` completely, then apply it (nothing changes on error). O(N)."""
+        if set(state) != {"alpha", "priorities"}:
+            raise ValueError(
+                f"sampler state must have the entries ['alpha', 'priorities'], got {sorted(state)}"
+            )
+        p = check_priority_array("priorities", state["priorities"], n)
+        alpha = float(state["alpha"])
+        if not (math.isfinite(alpha) and alpha >= 0.0):
+            raise ValueError(f"`alpha` must be finite and >= 0, got alpha={alpha!r}")
+        self.check_priorities("priorities", p, alpha)
+        self.alpha = alpha
+        self.reset_priorities(p, n)
 
 
 class UniformSampler(Sampler):
@@ -151,35 +245,35 @@ class UniformSampler(Sampler):
 
 
 class ProportionalSampler(Sampler):
-    """P(i) = p_i^alpha / sum_k p_k^alpha, from a sum tree; weights from a min tree.
+    """P(i) = p_i^alpha / sum_k p_k^alpha, from a :class:`~fastper.SumTree`.
 
-    The min tree shares the sum tree's leaves and only adds internal nodes
-    (about 1/7 of a float64 per slot); it skips zero leaves. Only weights
-    normalised by the buffer-wide largest weight need it: with
-    ``track_min=False`` it is not built, and every priority write skips its
-    half of the path updates.
+    The tree holds ``p_i ** alpha`` and, with ``track_min``, the smallest
+    positive leaf (internal nodes only, about 1/7 of a float64 per slot) for
+    buffer-wide weight normalisation; without it every priority write skips
+    half of the path updates. The kernels of :mod:`fastper._kernels.prioritized`
+    update raw priorities and the tree in one compiled call.
     """
 
     kind = "proportional"
 
-    def __init__(self, capacity: int, alpha: float, track_min: bool = True) -> None:
-        super().__init__(capacity, alpha)
-        n_leaves, self.offs, self.depth = _tk.layout(capacity)
+    def __init__(
+        self, capacity: int, alpha: float, track_min: bool = True,
+        raw_leaves: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(capacity, alpha, raw_leaves)
         self.track_min = bool(track_min)
-        # nodes must not straddle cache lines: see aligned_full
-        self.leaves = _tk.aligned_full(n_leaves, 0.0)
-        self.sinner = _tk.aligned_full(int(self.offs[-1]), 0.0)
-        # without the min tree the kernels still take an array; they never index it
-        self.minner = _tk.aligned_full(int(self.offs[-1]) if track_min else 1, np.inf)
+        self.tree = SumTree(capacity, track_min=self.track_min)
+        self.leaves, self.sinner, self.minner, self.offs, self.depth = self.tree.kernel_arrays()
+        n_leaves = self.leaves.shape[0]
         self.log_limit = math.log(float(np.finfo(np.float64).max / (2 * n_leaves)))
         self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
         self._pscratch = np.empty(512, dtype=np.float64)  # priorities of an update
 
-    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
+    def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         if self._scratch.shape[0] < slots.shape[0]:
             self._scratch = np.empty(slots.shape[0], dtype=np.int64)
-        _tk.prop_write(
+        _pk.prop_write(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
             slots, p, self.alpha, self._scratch, self.track_min,
         )  # fmt: skip
@@ -194,7 +288,7 @@ class ProportionalSampler(Sampler):
         if self._pscratch.shape[0] < b:
             self._pscratch = np.empty(b, dtype=np.float64)
         return float(
-            _tk.prop_update(
+            _pk.prop_update(
                 self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
                 idx, td, keys, use_keys, eps, clip, self.alpha, self.priority_limit(), size,
                 key_base, added, self.capacity, self._pscratch, self._scratch, status,
@@ -203,14 +297,14 @@ class ProportionalSampler(Sampler):
         )  # fmt: skip
 
     def write_run(self, start: int, count: int, p: float) -> None:
-        _tk.prop_write_run(
+        _pk.prop_write_run(
             self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
             start, count, p, self.alpha, self.track_min,
         )  # fmt: skip
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
-        _tk.prop_rebuild(
+        _pk.prop_rebuild(
             self.raw, n, self.leaves, self.sinner, self.minner, self.offs, self.depth, self.alpha,
             self.track_min,
         )  # fmt: skip
@@ -247,13 +341,13 @@ class ProportionalSampler(Sampler):
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
         keys = np.empty(b, dtype=np.int64)
-        _tk.prop_sample(
+        _pk.prop_sample(
             self.leaves, self.sinner, self.minner, self.offs, self.depth,
             u, stratified, beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
         )  # fmt: skip
         return idx, prob, w, keys
 
-    def probabilities(self, idx: np.ndarray) -> np.ndarray:
+    def probabilities(self, idx: np.ndarray, n: int, batch_size: int | None = None) -> np.ndarray:
         return self.leaves[idx] / self.total
 
     def clear(self) -> None:
@@ -269,72 +363,196 @@ class RankSampler(Sampler):
     Ties are broken by slot index (smaller slot = better rank), so the
     distribution is a deterministic function of the priorities.
 
-    ``order`` keeps the slots sorted by priority. Changed slots are marked and
-    merged back lazily, in one O(N + k log k) pass, the next time the order is
-    needed. With ``sort_every=None`` (exact, the default) that is every sample
-    after a change; with ``sort_every=K`` changes to existing slots are merged
-    only every K samples (the paper re-sorts every 10^6 steps), while slots
-    written for the first time are always merged before sampling.
+    The ranks come from an order-statistics B+ tree over the keys
+    ``(priority, slot)`` (:mod:`fastper._kernels.rank`): changing one slot's
+    priority (a delete and an insert), the slot at a rank and the rank of a
+    slot each cost O(log N), amortised (nodes come from fixed pools that are
+    compacted in O(N) after at least N/6 inserts). A draw picks a rank from
+    the exact law by a binary search over the prefix sums of ``r^-alpha``
+    (O(log N)), then the slot at that rank (O(log N)).
+
+    ``sort_every=None`` (exact, the default): every write re-ranks its slots
+    at once. ``sort_every=K``: priority updates of slots already stored stay
+    pending (``pending``) and reach the order every K samples (the paper
+    re-sorts every 10^6 steps), in O(k log N) for k pending slots; slots
+    written by ``add`` (``write(..., new=True)``, :meth:`write_run`), a slot
+    overwritten when the ring wraps included, are ranked at once.
 
     ``segments=True`` samples as the paper does: the rank distribution is cut
     into ``B`` segments of (about) equal probability and one rank is drawn
     uniformly inside each. The reported probabilities and weights are those
     of this actual scheme: ``1 / (B * len(segment))``. With fewer stored items
     than ``B`` it falls back to exact draws.
+
+    Memory per slot, beyond the 8-byte raw priority: 8 (``ranked``, the
+    priority a slot is ranked by), 8 (``prefix``, the rank weights' prefix
+    sums), 1 + 4 (pending mark and list), and the tree: its leaf pool holds
+    2 keys of 12 bytes per slot (24 bytes; about 17 are touched when the
+    tree is 3/4 full, since untouched pages of the pool are never mapped)
+    plus about 2.5 bytes of inner nodes: about 54 bytes reserved, 47 in use.
     """
 
     kind = "rank"
 
     def __init__(
-        self, capacity: int, alpha: float, *, sort_every: int | None = None, segments: bool = False
-    ) -> None:
-        super().__init__(capacity, alpha)
+        self, capacity: int, alpha: float, *, sort_every: int | None = None,
+        segments: bool = False, raw_leaves: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
+        if capacity > _rk.MAX_CAPACITY:
+            raise ValueError(
+                f"`capacity` must be <= {_rk.MAX_CAPACITY} for rank-based sampling (slots "
+                f"are int32 in the rank tree), got capacity={capacity}"
+            )
+        super().__init__(capacity, alpha, raw_leaves)
         self.sort_every = sort_every
         self.segments = segments
-        self.order = np.zeros(capacity, dtype=np.int64)
-        self._scratch = np.zeros(capacity, dtype=np.int64)
-        self.m = 0  # valid entries in order
-        self.changed = np.zeros(capacity, dtype=np.bool_)
-        self.n_changed = 0
         self.samples_since_sort = 0
+        #: batch size of the last ``sample`` call (the segment law depends on it)
+        self.last_batch_size: int | None = None
         self.prefix = np.empty(capacity, dtype=np.float64)
         _rk.rank_weights_prefix(self.alpha, capacity, self.prefix)
+        self._guide, self._scale = _rk.guide_table(self.prefix)
+        #: priority each slot is ranked by (differs from ``raw`` while pending); -1: unranked
+        self.ranked = np.full(capacity, -1.0)
+        #: slots whose priority changed but whose rank waits for the next sort
+        self.pending = np.zeros(capacity, dtype=np.bool_)
+        self._plist = np.zeros(capacity, dtype=np.int32)  # pending slots (may hold stale ones)
+        (
+            self._meta, self._lp, self._ls, self._ip, self._isl, self._ic, self._ich, self._inn,
+        ) = self._tree = _rk.new_tree(capacity)  # fmt: skip
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
+        self._scratch = np.empty((3, 256), dtype=np.int64)  # ranks and descent state of a draw
+        # a write's scratch (paths routed ahead) and the last sample's paths (count,
+        # routing version; slot -> item table; paths): see _kernels.rank._warm
+        self._sample = np.zeros(2, dtype=np.int64)
+        self._stab = np.empty(2 * 512, dtype=np.int64)
+        self._spaths = np.empty(256 * _rk.MAXH, dtype=np.int64)
+        self._warm_state = self._new_warm_state()
 
-    def write(self, slots: np.ndarray, p: np.ndarray) -> None:
-        _tk.write_leaves(self.raw, slots, p)
-        self.changed[slots] = True
-        self.n_changed += int(slots.shape[0])
+    def _new_warm_state(self) -> tuple[np.ndarray, ...]:
+        return (
+            np.empty(2 * _rk.WARM * _rk.MAXH, dtype=np.int64),
+            np.empty(_rk.WARM, dtype=np.int64),
+            self._sample, self._stab, self._spaths,
+        )  # fmt: skip
+
+    # -- writes ------------------------------------------------------------------
+    def _run(self, call: Callable[[int], int], total: int) -> None:
+        """Run a kernel that stops when the tree's node pools run out.
+
+        ``call(k)`` resumes at item ``k`` and returns how many items it did
+        (-1: the tree is corrupt). In between the tree is compacted: O(N),
+        after at least N/6 inserts (see :mod:`fastper._kernels.rank`).
+        """
+        k = 0
+        compacted = False
+        while True:
+            done = call(k)
+            if done < 0 or (compacted and done == 0):  # pragma: no cover - only a bug
+                raise RuntimeError("the rank tree is corrupt: internal error, please report it")
+            k += done
+            if k >= total:
+                return
+            _rk.compact(*self._tree)
+            compacted = True
+
+    def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
+        """Set raw priorities ``p`` (last duplicate wins). O(B log N), amortised.
+
+        ``new``: the slots were just written by ``add`` and are ranked now even
+        with ``sort_every``; otherwise ``sort_every`` defers their re-ranking.
+        """
+        defer = self.sort_every is not None and not new
+        t, ranked, raw, pending, plist = self._tree, self.ranked, self.raw, self.pending, self._plist
+        self._run(
+            lambda k: _rk.write(
+                *t, ranked, raw, pending, plist, slots[k:], p[k:], defer, *self._warm_state
+            ),
+            slots.shape[0],
+        )
+
+    def write_run(self, start: int, count: int, p: float) -> None:
+        """New transitions in slots ``start .. start+count-1``: priority ``p``, ranked now."""
+        t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
+        self._run(
+            lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count
+        )
 
     def set_alpha(self, alpha: float, n: int) -> None:
+        """New alpha: the ranks stay, their weights are recomputed. O(N)."""
         self.alpha = float(alpha)
         _rk.rank_weights_prefix(self.alpha, self.capacity, self.prefix)
+        self._guide, self._scale = _rk.guide_table(self.prefix)
         self._seg_cache = None
 
     def sort(self, n: int) -> None:
-        """Merge every pending change into the order now. O(N + k log k)."""
-        if self.n_changed == 0:
-            return
-        ch = np.flatnonzero(self.changed[:n])
-        ch_sorted = ch[np.lexsort((ch, -self.raw[ch]))]
-        m = _rk.merge_order(self.order, self.m, self.changed, self.raw, ch_sorted, self._scratch)
-        self.order, self._scratch = self._scratch, self.order
-        self.m = int(m)
-        self.changed[ch] = False
-        self.n_changed = 0
+        """Re-rank every pending slot now; restarts the ``sort_every`` count. O(k log N)."""
+        if self._meta[_rk.PLEN]:
+            t, ranked, raw, pending, plist = (
+                self._tree, self.ranked, self.raw, self.pending, self._plist,
+            )  # fmt: skip
+            self._run(
+                lambda k: _rk.apply_pending(*t, ranked, raw, pending, plist, *self._warm_state),
+                1,
+            )
         self.samples_since_sort = 0
 
     def _maybe_sort(self, n: int) -> None:
-        if self.n_changed == 0:
-            return
-        if self.sort_every is None or self.m != n or self.samples_since_sort >= self.sort_every:
+        if self.sort_every is not None and self.samples_since_sort >= self.sort_every:
             self.sort(n)
 
-    def ranks_of(self, n: int) -> np.ndarray:
-        """0-based rank of each slot ``0..n-1`` in the current order."""
-        ranks = np.empty(n, dtype=np.int64)
-        ranks[self.order[: self.m]] = np.arange(self.m)
-        return ranks
+    # -- queries -------------------------------------------------------------------
+    @property
+    def n_changed(self) -> int:
+        """Slots whose priority changed since the last sort (pending re-ranking)."""
+        return int(self._meta[_rk.PCOUNT])
+
+    @property
+    def m(self) -> int:
+        """Slots in the order."""
+        return int(self._meta[_rk.SIZE])
+
+    @property
+    def order(self) -> np.ndarray:
+        """Every ranked slot, best rank first (a copy, for inspection). O(N)."""
+        keys_p = np.empty(self.m, dtype=np.float64)
+        keys_s = np.empty(self.m, dtype=np.int32)
+        _rk.read_in_order(*self._tree, keys_p, keys_s)
+        return keys_s.astype(np.int64)
+
+    def ranks(self, idx: np.ndarray, n: int) -> np.ndarray:
+        """0-based rank of each slot in ``idx`` (slots < ``n``) in the order the next
+        sample uses (a sort that is due is done first). O(B log N)."""
+        self._maybe_sort(n)
+        out = np.empty(idx.shape[0], dtype=np.int64)
+        _rk.rank_of(*self._tree, self.ranked, idx, out)
+        return out
+
+    def probabilities(
+        self, idx: np.ndarray, n: int, batch_size: int | None = None
+    ) -> np.ndarray:
+        """P(i) of one draw for each slot in ``idx``, under the law ``sample`` uses.
+
+        Exact draws: ``rank^-alpha / sum_r r^-alpha`` (``batch_size`` unused).
+        Segments: ``1 / (B * len(segment))`` for ``B = batch_size``, by default
+        the last sample's batch size (exact draws when ``n < B``). O(B log N).
+
+        Raises:
+            ValueError: a segments sampler, no ``batch_size`` and no sample yet.
+        """
+        if self.segments:
+            b = self.last_batch_size if batch_size is None else batch_size
+            if b is None:
+                raise ValueError(
+                    "`batch_size` must be given before the first sample of a segments=True "
+                    "buffer (its law depends on the batch size), got batch_size=None"
+                )
+        r = self.ranks(idx, n)
+        if self.segments and n >= b:
+            bounds = self._bounds(n, b)
+            seg = np.searchsorted(bounds, r, side="right") - 1
+            return 1.0 / (b * np.diff(bounds)[seg].astype(np.float64))
+        return np.power(r + 1.0, -self.alpha) / self.prefix[n - 1]
 
     def _bounds(self, n: int, b: int) -> np.ndarray:
         if self._seg_cache is not None and self._seg_cache[:2] == (n, b):
@@ -350,6 +568,7 @@ class RankSampler(Sampler):
         self._seg_cache = (n, b, bounds)
         return bounds
 
+    # -- sampling ------------------------------------------------------------------
     def sample(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
@@ -357,6 +576,14 @@ class RankSampler(Sampler):
         self._maybe_sort(n)
         self.samples_since_sort += 1
         b = u.shape[0]
+        self.last_batch_size = b
+        if self._scratch.shape[1] < b:
+            self._scratch = np.empty((3, b), dtype=np.int64)
+            self._stab = np.empty(4 << int(b - 1).bit_length(), dtype=np.int64)
+            self._spaths = np.empty(b * _rk.MAXH, dtype=np.int64)
+            self._warm_state = self._new_warm_state()
+        ranks, node, rem = self._scratch[0, :b], self._scratch[1, :b], self._scratch[2, :b]
+        idx = np.empty(b, dtype=np.int64)
         if self.segments and n >= b:
             bounds = self._bounds(n, b)
             lengths = np.diff(bounds)
@@ -367,62 +594,146 @@ class RankSampler(Sampler):
                 scaled = u * b
                 seg = np.minimum(scaled.astype(np.int64), b - 1)
                 frac = scaled - seg
-            ranks = bounds[seg] + np.minimum(
+            ranks[:] = bounds[seg] + np.minimum(
                 (frac * lengths[seg]).astype(np.int64), lengths[seg] - 1
             )
             prob = 1.0 / (b * lengths[seg].astype(np.float64))
             pmin = 1.0 / (b * float(lengths.max()))
+            _rk.select(*self._tree, ranks, node, rem, idx, self._spaths, self._stab)
         else:
-            total = self.prefix[n - 1]
-            if stratified:
-                t = (np.arange(b, dtype=np.float64) + u) * (total / b)
-            else:
-                t = u * total
-            ranks = np.minimum(np.searchsorted(self.prefix[:n], t, side="right"), n - 1)
-            prob = np.power(ranks + 1.0, -self.alpha) / total
-            pmin = float(n) ** (-self.alpha) / total
-        idx = self.order[ranks]
+            prob = np.empty(b, dtype=np.float64)
+            _rk.sample_exact(
+                *self._tree, self.prefix, self._guide, self._scale, n, u, stratified,
+                self.alpha, ranks, node, rem, idx, prob, self._spaths, self._stab,
+            )  # fmt: skip
+            pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
+        self._sample[0] = b  # their paths: an update of these slots need not route
+        self._sample[1] = self._meta[_rk.VERSION]
         weights = _normalised_weights(prob, pmin, n, beta, norm)
         return idx, prob, weights, slot_keys(idx, key_base, added, self.capacity)
 
+    # -- whole-state operations ------------------------------------------------------
+    def _rebuild(self, n: int) -> None:
+        """The tree from ``ranked[:n]``: a stable sort, then a bulk load. O(N log N)."""
+        slots = np.argsort(-self.ranked[:n], kind="stable")
+        _rk.bulk_load(*self._tree, self.ranked[slots], slots.astype(np.int32))
+
+    def _set_ranked(self, n: int, slots: np.ndarray, old: np.ndarray) -> None:
+        """Rank slots ``0..n-1`` by ``raw``, the ``slots`` pending with keys ``old``."""
+        self._sample[0] = 0  # the last sample's paths die with the tree
+        self.ranked[:n] = self.raw[:n]
+        self.ranked[slots] = old
+        self.ranked[n:] = -1.0
+        self.pending[:] = False
+        self.pending[slots] = True
+        k = slots.shape[0]
+        self._plist[:k] = slots
+        self._meta[_rk.PLEN] = k
+        self._meta[_rk.PCOUNT] = k
+        self._rebuild(n)
+
     def clear(self) -> None:
         super().clear()
-        self.m = 0
-        self.changed[:] = False
-        self.n_changed = 0
+        self._set_ranked(0, _NO_SLOTS, _NO_PRIORITIES)
         self.samples_since_sort = 0
 
-    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+    def reset_priorities(self, p: np.ndarray, n: int) -> None:
+        """Slots ``0..n-1`` get raw priorities ``p`` (0 beyond), all ranked now, nothing
+        pending. O(N log N).
+
+        Raises:
+            ValueError: ``p`` is not ``n`` finite float64 priorities >= 0.
+        """
+        check_priority_array("p", p, n)
+        if not np.shares_memory(p, self.raw):
+            self.raw[:n] = p
+        self.raw_leaves[n:] = 0.0
+        self._set_ranked(n, _NO_SLOTS, _NO_PRIORITIES)
+        self.samples_since_sort = 0
+
+    _STATE_KEYS = (
+        "alpha", "priorities", "pending_slots", "pending_ranked", "samples_since_sort",
+        "last_batch_size",
+    )  # fmt: skip
+
+    def state_dict(self, n: int) -> dict[str, Any]:
+        """What the order cannot be rebuilt without, over slots ``0..n-1``. O(N).
+
+        ``alpha``; ``priorities``: raw p_i; ``pending_slots`` (ascending) and
+        ``pending_ranked``: the slots whose re-ranking waits for the next sort
+        and the priority each is ranked by until then; ``samples_since_sort``;
+        ``last_batch_size`` (None before the first sample). The tree itself is
+        rebuilt on load.
+        """
+        pend = np.flatnonzero(self.pending[:n]).astype(np.int64)
         return {
+            "alpha": self.alpha,
             "priorities": self.raw[:n].copy(),
-            "order": self.order[: self.m].copy(),
-            "changed": self.changed[:n].copy(),
+            "pending_slots": pend,
+            "pending_ranked": self.ranked[pend].copy(),
+            "samples_since_sort": int(self.samples_since_sort),
+            "last_batch_size": self.last_batch_size,
         }
 
-    def state_meta(self) -> dict[str, Any]:
-        return {"n_changed": self.n_changed, "samples_since_sort": self.samples_since_sort}
+    def load_state_dict(self, state: dict[str, Any], n: int) -> None:
+        """Restore a :meth:`state_dict` over slots ``0..n-1``. O(N log N).
 
-    def load_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], n: int) -> None:
-        order = arrays["order"]
-        changed = arrays["changed"]
-        if order.shape[0] > n or (order.size and (order.min() < 0 or order.max() >= n)):
-            raise ValueError("rank order holds slots outside the stored range")
-        if np.unique(order).shape[0] != order.shape[0]:
-            raise ValueError("rank order repeats a slot")
-        if changed.shape != (n,) or changed.dtype != np.bool_:
-            raise ValueError("rank change mask must be one bool per stored slot")
-        covered = changed.copy()
-        covered[order] = True
-        if not covered.all():
-            raise ValueError("rank order misses stored slots that are not marked changed")
-        self.raw[:n] = arrays["priorities"]
-        self.order[: order.shape[0]] = order
-        self.m = int(order.shape[0])
-        self.changed[:n] = changed
-        marked = int(np.count_nonzero(changed))
-        n_changed = int(meta["n_changed"])
-        if n_changed < marked or (n_changed == 0) != (marked == 0):
-            raise ValueError(f"rank change count {n_changed} disagrees with {marked} marked slots")
-        self.n_changed = n_changed
-        self.samples_since_sort = int(meta["samples_since_sort"])
-        self.set_alpha(self.alpha, n)
+        Everything is checked before anything changes.
+
+        Raises:
+            ValueError: a missing or unknown entry, or one with a bad type,
+                shape or value (named in the message).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"rank sampler state must be a mapping, got {type(state).__name__}")
+        missing = [k for k in self._STATE_KEYS if k not in state]
+        unknown = sorted(str(k) for k in state if k not in self._STATE_KEYS)
+        if missing or unknown:
+            raise ValueError(
+                f"rank sampler state must have exactly the entries {list(self._STATE_KEYS)}, "
+                f"got missing={missing}, unknown={unknown}"
+            )
+        if not 0 <= n <= self.capacity:
+            raise ValueError(f"`n` must be in [0, {self.capacity}], got n={n}")
+        alpha = state["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha < math.inf:
+            raise ValueError(f"`alpha` must be a finite number >= 0, got alpha={alpha!r}")
+        p = check_priority_array("priorities", state["priorities"], n)
+        slots = state["pending_slots"]
+        if not (isinstance(slots, np.ndarray) and slots.ndim == 1 and slots.dtype.kind in "iu"):
+            what = f"{slots.dtype}{slots.shape}" if isinstance(slots, np.ndarray) else type(slots)
+            raise ValueError(f"`pending_slots` must be a 1-D integer array, got {what}")
+        if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= n):
+            raise ValueError(
+                f"`pending_slots` must lie in [0, {n}), got values from {int(slots.min())} "
+                f"to {int(slots.max())}"
+            )
+        if np.unique(slots).shape[0] != slots.shape[0]:
+            raise ValueError("`pending_slots` must not repeat a slot")
+        if slots.size and self.sort_every is None:
+            raise ValueError(
+                f"`pending_slots` must be empty with sort_every=None (exact ranks), "
+                f"got {slots.shape[0]} pending slots"
+            )
+        old = check_priority_array("pending_ranked", state["pending_ranked"], slots.shape[0])
+        since = state["samples_since_sort"]
+        if type(since) is not int or since < 0:
+            raise ValueError(
+                f"`samples_since_sort` must be an int >= 0, got samples_since_sort={since!r}"
+            )
+        last = state["last_batch_size"]
+        if last is not None and (type(last) is not int or last < 1):
+            raise ValueError(
+                f"`last_batch_size` must be None or an int >= 1, got last_batch_size={last!r}"
+            )
+        # everything checked: apply
+        self.raw[:n] = p
+        self.raw_leaves[n:] = 0.0
+        self._set_ranked(n, slots.astype(np.int64), old)
+        self.samples_since_sort = since
+        self.last_batch_size = last
+        self.set_alpha(float(alpha), n)
+
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_PRIORITIES = np.empty(0, dtype=np.float64)

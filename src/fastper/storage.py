@@ -1,8 +1,15 @@
-"""Columnar ring storage: one preallocated numpy array per field.
+"""Replay storage: the protocol, and the default columnar storage in RAM.
 
-Storage knows nothing of priorities. The k-th transition ever added lives in
-slot ``k % capacity`` (FIFO ring). Every check runs before anything is
-written, so a rejected ``add`` leaves the arrays and the cursor untouched.
+Storage knows nothing of priorities and nothing of the ring: it holds one
+row per slot for every field, writes rows where it is told and gathers rows
+by slot. The writer (:class:`fastper.writer.RingWriter`) decides where the
+k-th transition goes (slot ``k % capacity``) and keeps the keys; the sampler
+keeps the priorities. Any object that follows :class:`ReplayStorage` can be
+handed to a buffer (``storage=``): a disk, compressed, device or remote
+storage plugs in without touching the buffer.
+
+Every check runs before anything is written, so a rejected ``add`` leaves
+the rows untouched.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -191,11 +198,65 @@ def coerce_batch(
     return out, k
 
 
-class Storage:
-    """Preallocated columnar ring storage.
+@runtime_checkable
+class ReplayStorage(Protocol):
+    """What a buffer needs from its storage.
 
-    Not locked: a storage shared by threads needs the caller's lock, as the
-    buffers hold theirs around every call.
+    Attributes:
+        fields: the stored field spec ``{name: Field}``.
+        capacity: number of slots.
+
+    A storage is not locked: the buffer holds its lock around every call.
+    ``write`` and ``load_state_dict`` must not fail once their input was
+    prepared / checked: the buffer relies on that to keep every call atomic.
+    """
+
+    fields: dict[str, Field]
+    capacity: int
+
+    def prepare(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """Validate and cast one transition or a batch; writes nothing. O(B)."""
+        ...
+
+    def write(self, start: int, prepared: Mapping[str, np.ndarray], k: int) -> None:
+        """Write ``k`` prepared rows to slots ``start, start+1, ...`` (mod capacity). O(B)."""
+        ...
+
+    def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the rows at ``indices`` for every field. O(B)."""
+        ...
+
+    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """A copy of rows ``lo .. hi-1`` of field ``name`` (for checkpoints). O(hi - lo)."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every row (the buffer resets its ring)."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes of memory the storage holds (RAM; 0 for rows kept elsewhere)."""
+        ...
+
+    def state_dict(self, n: int) -> dict[str, Any]:
+        """Rows ``0 .. n-1`` of every field as arrays (JSON-able settings beside them)."""
+        ...
+
+    def state_targets(self, n: int) -> dict[str, np.ndarray]:
+        """Writable arrays where a loader may read ``state_dict(n)``'s arrays in place."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any], n: int) -> None:
+        """Check, then take rows ``0 .. n-1`` from ``state``."""
+        ...
+
+
+class Storage:
+    """Columnar storage in RAM: one preallocated numpy array per field.
+
+    The default :class:`ReplayStorage`. Not locked: a storage shared by
+    threads needs the caller's lock, as the buffers hold theirs around every
+    call.
 
     Args:
         fields: ``{name: (shape, dtype)}``, ``{name: Field}`` or
@@ -206,49 +267,62 @@ class Storage:
     def __init__(self, fields: Mapping[str, FieldLike], capacity: int) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields = make_fields(fields)
+        # np.zeros maps fresh zero pages lazily: memory is touched as rows are written
         self.columns: dict[str, np.ndarray] = {
             name: np.zeros((self.capacity, *f.shape), dtype=f.dtype)
             for name, f in self.fields.items()
         }
-        self.cursor = 0
-        self.size = 0
 
     @property
     def nbytes_per_slot(self) -> int:
         return sum(f.nbytes_per_item for f in self.fields.values())
 
+    def nbytes(self) -> int:
+        return int(sum(c.nbytes for c in self.columns.values()))
+
     def prepare(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         """Validate and cast; writes nothing. O(B)."""
         return coerce_batch(self.fields, transition, self.capacity)
 
-    def slots_for(self, k: int) -> np.ndarray:
-        """The slots the next ``k`` transitions will occupy."""
-        return (self.cursor + np.arange(k, dtype=np.int64)) % self.capacity
-
-    def commit(self, prepared: Mapping[str, np.ndarray], k: int) -> np.ndarray:
-        """Write prepared arrays (from :meth:`prepare`); cannot fail. O(B)."""
-        start = self.cursor
+    def write(self, start: int, prepared: Mapping[str, np.ndarray], k: int) -> None:
+        """Write prepared arrays (from :meth:`prepare`) from slot ``start`` on, wrapping. O(B)."""
         first = min(k, self.capacity - start)
         for name, col in self.columns.items():
             src = prepared[name]
             col[start : start + first] = src[:first]
             if first < k:
-                col[: k - first] = src[first:]
-        slots = self.slots_for(k)
-        self.cursor = (start + k) % self.capacity
-        self.size = min(self.capacity, self.size + k)
-        return slots
-
-    def add(self, transition: Mapping[str, Any]) -> np.ndarray:
-        """Validate, then write one transition or a batch; returns the slots."""
-        prepared, k = self.prepare(transition)
-        return self.commit(prepared, k)
+                col[: k - first] = src[first:k]
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the rows at ``indices`` for every field. O(B)."""
         # take(axis=0) is several times faster than fancy indexing on 2-D columns
         return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
 
+    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
+        return self.columns[name][lo:hi].copy()
+
     def clear(self) -> None:
-        self.cursor = 0
-        self.size = 0
+        """Nothing to do: rows past the ring's size are never read."""
+
+    def state_dict(self, n: int) -> dict[str, Any]:
+        """Views (not copies) of the first ``n`` rows of every column."""
+        return {f"columns/{name}": col[:n] for name, col in self.columns.items()}
+
+    def state_targets(self, n: int) -> dict[str, np.ndarray]:
+        return {f"columns/{name}": col[:n] for name, col in self.columns.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any], n: int) -> None:
+        expected = {f"columns/{name}" for name in self.columns}
+        if set(state) != expected:
+            raise ValueError(f"storage state must hold {sorted(expected)}, got {sorted(state)}")
+        for name, field in self.fields.items():
+            a = state[f"columns/{name}"]
+            if not isinstance(a, np.ndarray) or a.dtype != field.dtype or a.shape != (n, *field.shape):
+                got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(
+                    f"column `{name}` must be {field.dtype}{(n, *field.shape)}, got {got}"
+                )
+        for name, col in self.columns.items():
+            a = state[f"columns/{name}"]
+            if not np.shares_memory(a, col):  # read in place by the loader: nothing to copy
+                col[:n] = a

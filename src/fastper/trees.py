@@ -14,12 +14,26 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._kernels import tree as _k
 from ._validation import as_index_array, as_value_array, check_int, show, to_numpy
+
+
+class TreeArrays(NamedTuple):
+    """The arrays of a :class:`SumTree`, for compiled callers (see ``kernel_arrays``).
+
+    ``min_inner`` holds the zero-skipping min tree's internal nodes over the
+    same leaves (one entry, unused, when the tree keeps no min).
+    """
+
+    leaves: np.ndarray
+    inner: np.ndarray
+    min_inner: np.ndarray
+    offs: np.ndarray
+    depth: int
 
 
 class _Tree:
@@ -113,6 +127,35 @@ class SumTree(_Tree):
 
     _fill = 0.0
 
+    def __init__(self, capacity: int, *, track_min: bool = False) -> None:
+        super().__init__(capacity)
+        if not isinstance(track_min, bool | np.bool_):
+            raise TypeError(f"`track_min` must be a bool, got track_min={show(track_min)}")
+        self._track_min = bool(track_min)
+        # the min tree shares the leaves: only internal nodes (1/7 float per slot)
+        self._min_inner = _k.aligned_full(int(self._offs[-1]) if track_min else 1, math.inf)
+
+    @property
+    def track_min(self) -> bool:
+        """Whether the tree also keeps the smallest positive leaf (:attr:`min_positive`)."""
+        return self._track_min
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the tree's arrays, in bytes."""
+        extra = self._min_inner.nbytes if self._track_min else 0
+        return int(self._leaves.nbytes + self._inner.nbytes + extra)
+
+    def kernel_arrays(self) -> TreeArrays:
+        """The tree's own arrays (not copies), for compiled callers. O(1).
+
+        For the samplers of this package, whose kernels fuse tree updates with
+        priority bookkeeping. Such callers must serialise their calls with
+        their own lock and keep the invariants: every internal node equals the
+        pairwise combination of its children (see :mod:`fastper._kernels.tree`).
+        """
+        return TreeArrays(self._leaves, self._inner, self._min_inner, self._offs, self._depth)
+
     def set(self, indices: Any, values: Any) -> None:
         """Write ``values`` at ``indices``. O(B log N).
 
@@ -125,6 +168,20 @@ class SumTree(_Tree):
         """
         idx, vals = self._checked(indices, values)
         self._write(idx, vals, _k.SUM)
+        if self._track_min:
+            with self._lock:
+                _k.fix_paths(
+                    self._leaves, self._min_inner, self._offs, self._depth, idx, self._scratch,
+                    _k.MIN_POSITIVE,
+                )  # fmt: skip
+
+    @property
+    def min_positive(self) -> float:
+        """Smallest positive leaf (``inf`` if none). O(1). Needs ``track_min=True``."""
+        if not self._track_min:
+            raise AttributeError("`min_positive` needs a SumTree built with track_min=True")
+        with self._lock:
+            return float(self._min_inner[self._offs[self._depth]])
 
     @property
     def total(self) -> float:
@@ -166,6 +223,10 @@ class SumTree(_Tree):
         """Recompute every internal node from the leaves. O(N)."""
         with self._lock:
             _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.SUM)
+            if self._track_min:
+                _k.rebuild(
+                    self._leaves, self._min_inner, self._offs, self._depth, _k.MIN_POSITIVE
+                )
 
     def fsum(self) -> float:
         """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""

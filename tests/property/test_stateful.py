@@ -121,7 +121,9 @@ class BufferMachine(RuleBasedStateMachine):
         for j in range(k):
             s = (self.since_clear + j) % self.capacity
             key = self.next_key + j
-            entry = [key, payload(key), self.max_p if prios is None else float(prios[j])]
+            # new items get the largest priority ever recorded, within clip (+ eps)
+            new_p = min(self.max_p, CLIP + EPS)
+            entry = [key, payload(key), new_p if prios is None else float(prios[j])]
             if s == len(self.slots):
                 self.slots.append(entry)
             else:
@@ -356,7 +358,8 @@ class BufferMachine(RuleBasedStateMachine):
         raw = self.model_raw()
         assert self.buf.priorities(np.arange(n)).tobytes() == raw.tobytes()
         np.testing.assert_array_equal(self.buf.keys(np.arange(n)), self.model_keys())
-        assert self.buf.max_priority == self.max_p
+        assert self.buf.max_priority_ever == self.max_p
+        assert self.buf.max_priority == min(self.max_p, CLIP + EPS)
         assert self.buf.total_added == self.next_key
         assert self.buf.stale_updates == self.stale
         assert self.buf.alpha == self.alpha

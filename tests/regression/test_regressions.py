@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastper
-from fastper.checkpoint import _PREFIX, MAGIC
+from fastper.checkpoint import _PREFIX, FORMAT_VERSION, MAGIC
 from tests.oracles import assert_same_state, refusal_cost, snapshot
 
 
@@ -20,11 +20,14 @@ def test_float_just_past_int64_max_is_rejected_not_wrapped() -> None:
     # float(2**63 - 1) rounds up to 2**63, so a `hi > max` check let 2.0**63 through
     store = fastper.Storage({"x": np.int64}, 2)
     with pytest.raises(fastper.FieldTypeError, match="overflow"):
-        store.add({"x": 2.0**63})
+        store.prepare({"x": 2.0**63})
     ustore = fastper.Storage({"x": np.uint64}, 2)
     with pytest.raises(fastper.FieldTypeError, match="overflow"):
-        ustore.add({"x": 2.0**64})
-    assert store.size == 0 and ustore.size == 0
+        ustore.prepare({"x": 2.0**64})
+    buf = fastper.ReplayBuffer(2, {"x": np.int64})
+    with pytest.raises(fastper.FieldTypeError, match="overflow"):
+        buf.add({"x": 2.0**63})
+    assert len(buf) == 0
 
 
 def test_alpha_zero_never_samples_zero_priority() -> None:
@@ -81,7 +84,7 @@ def test_negative_zero_is_stored_as_positive_zero() -> None:
 
 def _reframe(header: dict, data: bytes) -> bytes:
     raw = json.dumps(header).encode()
-    head = _PREFIX.pack(MAGIC, 1, len(raw)) + raw
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw
     body = head + hashlib.sha256(head).digest() + data
     return body + hashlib.sha256(body).digest()
 
@@ -100,32 +103,32 @@ def test_non_finite_number_in_header_is_a_checkpoint_error(tmp_path) -> None:
     path = tmp_path / "a.fpk"
     buf.save(path)
     header, data = _split(path.read_bytes())
-    header["capacity"] = float("inf")
+    header["state"]["settings"]["capacity"] = float("inf")
     path.write_bytes(_reframe(header, data))
     with pytest.raises(fastper.CheckpointError, match="non-finite"):
         fastper.load(path)
 
 
 def test_incomplete_rank_order_is_rejected(tmp_path) -> None:
-    # an order missing slots (none marked changed) used to load and never sample them
-    buf = fastper.RankBasedReplayBuffer(8, {"x": np.float32}, seed=0)
+    # format 1 stored the rank order: one missing slots (none marked changed) used to
+    # load and never sample them. Format 2 stores no order (it is rebuilt from the
+    # priorities); what it stores, the slots whose re-ranking is pending, is checked.
+    buf = fastper.RankBasedReplayBuffer(8, {"x": np.float32}, seed=0, sort_every=100)
     buf.add({"x": np.zeros(8)}, priorities=np.arange(8.0, 0.0, -1.0))
-    buf.sample(2)  # merge the order
+    buf.sample(2)
+    buf.update_priorities([6], [50.0])  # pending until the next sort
     path = tmp_path / "r.fpk"
     buf.save(path)
     header, data = _split(path.read_bytes())
+    names = [a["name"] for a in header["arrays"]]
+    assert not [n for n in names if "order" in n]
     table = {a["name"]: a for a in header["arrays"]}
-    order = table["sampler/order"]
-    cut = order["nbytes"] // 2
-    # shrink the order to its first half and shift the arrays after it
-    new_data = data[: order["offset"] + cut] + data[order["offset"] + order["nbytes"] :]
-    for a in header["arrays"]:
-        if a["offset"] > order["offset"]:
-            a["offset"] -= cut
-    order["nbytes"] = cut
-    order["shape"] = [4]
-    path.write_bytes(_reframe(header, new_data))
-    with pytest.raises(fastper.CheckpointError, match="misses stored slots"):
+    pend = table["sampler/pending_slots"]
+    assert pend["shape"] == [1]
+    forged = bytearray(data)
+    forged[pend["offset"] : pend["offset"] + 8] = np.int64(8).tobytes()  # slot 8 of 8
+    path.write_bytes(_reframe(header, bytes(forged)))
+    with pytest.raises(fastper.CheckpointError, match="pending"):
         fastper.load(path)
 
 
@@ -214,7 +217,6 @@ def test_header_of_empty_json_objects_took_gigabytes(tmp_path) -> None:
         fastper.read_metadata(over)
 
 
-
 def test_save_refuses_a_header_that_load_would_refuse(tmp_path, monkeypatch) -> None:
     from fastper import checkpoint
 
@@ -258,12 +260,12 @@ def test_key_counter_beyond_int64_loaded_then_every_sample_overflowed(tmp_path, 
     path = tmp_path / "k.fpk"
     buf.save(path)
     header, data = _split(path.read_bytes())
-    header["state"].update(total_added=added, key_base=added - 3)
+    header["state"]["writer"].update(total_added=added, key_base=added - 3)
     path.write_bytes(_reframe(header, data))
     with pytest.raises(fastper.CheckpointError, match="key counter"):
         fastper.load(path)
     # large counters that fit still work end to end
-    header["state"].update(total_added=2**40 + 3, key_base=2**40)
+    header["state"]["writer"].update(total_added=2**40 + 3, key_base=2**40)
     path.write_bytes(_reframe(header, data))
     loaded = fastper.load(path)
     s = loaded.sample(4)
@@ -298,11 +300,13 @@ def test_huge_n_step_overflowed_or_hung_the_nstep_writer() -> None:
 
     out = []
     for n in (1000, 2**62, 10**30):
-        buf = fastper.ReplayBuffer(16, fields, n_step=n, gamma=0.5, seed=0)
-        assert buf.add(steps(4, -1)).shape == (0,)  # windows not complete yet
-        buf.add(steps(3, 2))  # the episode ends: all 7 are written
+        buf = fastper.ReplayBuffer(
+            16, fields, n_step=n, gamma=0.5, seed=0, nstep_keys={"truncated": None}
+        )
+        assert buf.add(steps(4, -1), env_ids=[0] * 4).shape == (0,)  # windows not complete yet
+        buf.add(steps(3, 2), env_ids=[0] * 3)  # the episode ends: all 7 are written
         assert len(buf) == 7 and buf.n_pending == 0
-        out.append(buf._storage.columns["reward"][:7].copy())
+        out.append(buf.storage.columns["reward"][:7].copy())
     np.testing.assert_array_equal(out[0], out[1])
     np.testing.assert_array_equal(out[0], out[2])
 
@@ -321,18 +325,22 @@ def test_nstep_episode_end_completing_more_than_capacity_was_refused() -> None:
 
     for cap, n, cuts in ((8, 3, (0, 2, 10, 12, 20, 28, 30)), (1, 3, tuple(range(31))),
                          (2, 4, tuple(range(31)))):  # fmt: skip
-        buf = fastper.PrioritizedReplayBuffer(cap, fields, n_step=n, gamma=0.5, seed=0)
-        twin = fastper.PrioritizedReplayBuffer(64, fields, n_step=n, gamma=0.5, seed=0)
+        buf = fastper.PrioritizedReplayBuffer(
+            cap, fields, n_step=n, gamma=0.5, seed=0, nstep_keys={"truncated": None}
+        )
+        twin = fastper.PrioritizedReplayBuffer(
+            64, fields, n_step=n, gamma=0.5, seed=0, nstep_keys={"truncated": None}
+        )
         for lo, hi in zip(cuts, cuts[1:], strict=False):
-            slots = buf.add(part(lo, hi))
+            slots = buf.add(part(lo, hi), env_ids=np.zeros(hi - lo, np.int64))
             assert (slots < cap).all()
-        twin.add(part(0, 30))
+        twin.add(part(0, 30), env_ids=np.zeros(30, np.int64))
         assert buf.total_added == twin.total_added == 30 and buf.n_pending == 0
         # the ring holds the last `cap` of the transitions the big twin holds
         order = np.argsort(buf.keys(np.arange(cap)))
         for f in buf.fields:
             np.testing.assert_array_equal(
-                buf._storage.columns[f][order], twin._storage.columns[f][30 - cap : 30]
+                buf.storage.columns[f][order], twin.storage.columns[f][30 - cap : 30]
             )
 
 

@@ -29,7 +29,9 @@ import numpy as np
 import pytest
 
 import fastper
+from fastper._kernels import prioritized as _pk
 from fastper._kernels import rank as _rk
+from fastper._kernels import ring as _ring
 from fastper._kernels import tree as _tk
 
 FIELDS = {"id": ((), np.int64), "obs": ((3,), np.float32)}
@@ -177,14 +179,14 @@ def check_ring(buf, written: list[int] | None) -> None:
     added = buf.total_added
     if written is not None:
         assert added == sum(written)
-    assert n == min(added - buf._key_base, buf.capacity)
+    assert n == min(added - buf.state_dict()["writer"]["key_base"], buf.capacity)
     slots = np.arange(n)
     keys = buf.keys(slots)
-    np.testing.assert_array_equal((keys - buf._key_base) % buf.capacity, slots)
+    np.testing.assert_array_equal((keys - buf.state_dict()["writer"]["key_base"]) % buf.capacity, slots)
     assert sorted(keys.tolist()) == list(range(added - n, added))
-    ids = buf._storage.columns["id"][:n]
+    ids = buf.storage.columns["id"][:n]
     assert (ids > 0).all(), "a slot below len(buffer) was never written"
-    np.testing.assert_array_equal(buf._storage.columns["obs"][:n], _obs(ids))
+    np.testing.assert_array_equal(buf.storage.columns["obs"][:n], _obs(ids))
     by_key = ids[np.argsort(keys)]
     assert np.unique(by_key).shape[0] == n, "a transition is stored twice"
     owner = by_key // ID_STRIDE
@@ -223,8 +225,8 @@ def check_all(run: Run) -> None:
     # and the keys sampled that are still in the ring map to the ids there now
     n = len(buf)
     here = (pairs[:, 0] >= buf.total_added - n) & (pairs[:, 0] < buf.total_added)
-    slots = (pairs[here, 0] - buf._key_base) % buf.capacity
-    np.testing.assert_array_equal(buf._storage.columns["id"][slots], pairs[here, 1])
+    slots = (pairs[here, 0] - buf.state_dict()["writer"]["key_base"]) % buf.capacity
+    np.testing.assert_array_equal(buf.storage.columns["id"][slots], pairs[here, 1])
     for path in set(run.saves):  # every checkpoint written mid-phase is consistent
         loaded = fastper.load(path)
         check_index(loaded)
@@ -310,7 +312,7 @@ def test_compiled_kernels_release_the_gil():
     """Every compiled kernel is declared nogil (the buffers and trees lock around them)."""
     kernels = [
         getattr(mod, name)
-        for mod in (_tk, _rk)
+        for mod in (_tk, _rk, _ring, _pk)
         for name in dir(mod)
         if hasattr(getattr(mod, name), "targetoptions")
     ]

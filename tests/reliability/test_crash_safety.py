@@ -53,10 +53,10 @@ def _check_contents(buf) -> None:
     assert n == min(buf.total_added, buf.capacity)
     slots = np.arange(n)
     keys = buf.keys(slots)
-    ids = buf._storage.columns["id"][:n]
+    ids = buf.storage.columns["id"][:n]
     np.testing.assert_array_equal(ids, keys)  # every transition's id is its key
     assert sorted(keys.tolist()) == list(range(buf.total_added - n, buf.total_added))
-    np.testing.assert_array_equal(buf._storage.columns["obs"][:n], np.repeat(ids[:, None], 16, 1))
+    np.testing.assert_array_equal(buf.storage.columns["obs"][:n], np.repeat(ids[:, None], 16, 1))
     assert (buf.priorities(slots) > 0).all()
 
 
@@ -117,7 +117,7 @@ def test_sigkill_during_saves_keeps_last_complete_checkpoint(kind, tmp_path):
         # the last complete save, or the next one if it was killed right after its rename
         assert loaded.total_added in (reported, reported + STEP), (loaded.total_added, reported)
         assert loaded.total_added >= expected
-        assert meta["state"]["total_added"] == loaded.total_added
+        assert meta["state"]["writer"]["total_added"] == loaded.total_added
         kills_after_progress += loaded.total_added > expected
         _check_contents(loaded)
         expected = loaded.total_added

@@ -9,6 +9,10 @@ compressed bombs, random bytes at sizes up to megabytes, torn pages in a
 larger checkpoint, and extreme values in every numeric field of a header with
 valid digests. Every payload below would create ``marker`` if it were ever
 unpickled or evaluated; the tests check it never appears.
+
+Files are written in format 2 (the header's ``"state"`` is the buffer's
+``state_dict()`` without arrays; arrays are named ``part/key``); framings that
+do not depend on the header's layout are tried as format 1 too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tests.oracles import refusal_cost
 MAGIC = b"\x89FPCKPT\n"
 PREFIX = struct.Struct("<8sIQ")
 DIGEST = 32
+VERSION = 2
 FIELDS = {
     "obs": ((4,), np.float32),
     "reward": ((), np.float32),
@@ -43,6 +48,9 @@ FIELDS = {
     "done": ((), np.bool_),
 }
 REFUSED = (fastper.CheckpointError, fastper.ScheduleNotSerializableError)
+V1_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
+#: FIELDS have no truncation field: the n-step buffer must be told so
+NO_TRUNCATION = {"truncated": None}
 
 
 class _Payload:
@@ -87,14 +95,15 @@ def no_unpickling(monkeypatch, tmp_path):
     monkeypatch.setattr(np, "load", forbidden)
 
 
-def _frame(header: bytes, data: bytes = b"") -> bytes:
-    head = PREFIX.pack(MAGIC, 1, len(header)) + header
+def _frame(header: bytes, data: bytes = b"", version: int = VERSION) -> bytes:
+    head = PREFIX.pack(MAGIC, version, len(header)) + header
     body = head + hashlib.sha256(head).digest() + data
     return body + hashlib.sha256(body).digest()
 
 
-def _split(raw: bytes) -> tuple[dict[str, Any], bytes]:
-    _, _, hlen = PREFIX.unpack(raw[: PREFIX.size])
+def _split(raw: bytes, version: int = VERSION) -> tuple[dict[str, Any], bytes]:
+    _, got, hlen = PREFIX.unpack(raw[: PREFIX.size])
+    assert got == version
     header = json.loads(raw[PREFIX.size : PREFIX.size + hlen])
     return header, raw[PREFIX.size + hlen + DIGEST : -DIGEST]
 
@@ -110,8 +119,9 @@ def _refused_bounded(path: Path, *, max_bytes: int = 16 * 2**20, max_s: float = 
 
 def _checkpoint(tmp_path: Path, name: str = "good.fpk") -> Path:
     buf = fastper.RankBasedReplayBuffer(
-        16, FIELDS, n_step=3, sort_every=4, beta=fastper.schedules.linear(0.4, 1.0, 50), seed=1
-    )
+        16, FIELDS, n_step=3, sort_every=4, beta=fastper.schedules.linear(0.4, 1.0, 50),
+        nstep_keys=NO_TRUNCATION, seed=1,
+    )  # fmt: skip
     rng = np.random.default_rng(0)
     for i in range(6):
         k = 4
@@ -121,7 +131,8 @@ def _checkpoint(tmp_path: Path, name: str = "good.fpk") -> Path:
                 "reward": rng.random(k),
                 "next_obs": rng.random((k, 4)),
                 "done": np.arange(k) == (i % 4),
-            }
+            },
+            env_ids=np.arange(k) % 2,  # two interleaved streams
         )
         s = buf.sample(5)
         buf.update_priorities(s.indices, rng.random(5), keys=s.keys)
@@ -156,13 +167,23 @@ def _pickle_framings(marker: Path, good: bytes) -> dict[str, bytes]:
     # the pickle as the bytes of a legitimate-looking uint8 member
     as_bytes = copy.deepcopy(header)
     as_bytes["arrays"].append(
-        {"name": "data/evil", "dtype": "|u1", "shape": [len(payload)],
+        {"name": "storage/columns/evil", "dtype": "|u1", "shape": [len(payload)],
          "offset": len(data), "nbytes": len(payload)}
     )  # fmt: skip
     # the pickle smuggled into the header as a callable schedule's text
     in_header = copy.deepcopy(header)
-    in_header["alpha_schedule"] = {"kind": "callable", "repr": payload.decode("latin-1")}
-    in_header["beta_schedule"] = {"kind": "pickle", "data": payload.hex()}
+    sched = in_header["state"]["schedules"]
+    sched["alpha"] = {"kind": "callable", "repr": payload.decode("latin-1")}
+    sched["beta"] = {"kind": "pickle", "data": payload.hex()}
+    sched["priority_noise"] = {"kind": "pickle", "data": payload.hex()}
+    # ... and as a pending scheme switch's schedule, and the random state
+    in_switch = copy.deepcopy(header)
+    in_switch["state"]["buffer"]["pending_switch"] = {
+        "scheme": "proportional", "at_step": 10**6, "options": {},
+        "alpha": {"kind": "pickle", "data": payload.hex()},
+    }  # fmt: skip
+    in_rng = copy.deepcopy(header)
+    in_rng["state"]["buffer"]["rng"] = {"bit_generator": "pickle", "state": payload.hex()}
     return {
         "raw-pickle": payload,
         "npy-object-array": npy.getvalue(),
@@ -171,12 +192,18 @@ def _pickle_framings(marker: Path, good: bytes) -> dict[str, bytes]:
         "object-dtype-member": _frame(json.dumps(as_object).encode(), obj_data),
         "pickle-as-uint8-member": _frame(json.dumps(as_bytes).encode(), data + payload),
         "pickle-in-header-strings": _frame(json.dumps(in_header).encode(), data),
+        "pickle-in-pending-switch": _frame(json.dumps(in_switch).encode(), data),
+        "pickle-as-random-state": _frame(json.dumps(in_rng).encode(), data),
+        "object-dtype-member-format-1": _frame(json.dumps(as_object).encode(), obj_data, 1),
     }
 
 
 #: well-framed files whose header is valid JSON: read_metadata returns it as
 #: plain data (strings, numbers); only load, which builds a buffer, refuses them
-HEADER_READABLE = {"pickle-as-uint8-member", "pickle-in-header-strings"}
+HEADER_READABLE = {
+    "pickle-as-uint8-member", "pickle-in-header-strings", "pickle-in-pending-switch",
+    "pickle-as-random-state",
+}  # fmt: skip
 
 
 def test_pickle_payloads_are_refused_and_never_run(tmp_path, marker, no_unpickling):
@@ -188,8 +215,10 @@ def test_pickle_payloads_are_refused_and_never_run(tmp_path, marker, no_unpickli
         if name in HEADER_READABLE:
             meta = fastper.read_metadata(path, verify=True)
             assert json.loads(json.dumps(meta)) == meta  # nothing but JSON data
-            with pytest.raises(REFUSED):
-                fastper.load(path)
+            for kwargs in ({}, {"alpha": 0.5, "beta": 0.5}):  # beyond the callable alpha
+                with pytest.raises(REFUSED) as info:
+                    fastper.load(path, **kwargs)
+                assert str(info.value)
         else:
             _refused_bounded(path)
             with pytest.raises(REFUSED):
@@ -210,9 +239,9 @@ def test_dtype_strings_cannot_smuggle_objects_or_code(dtype, tmp_path, marker, n
     header, data = _split(good)
     dtype = dtype.replace("MARKER", str(marker))
     for e in header["arrays"]:
-        if e["name"] == "data/done":
+        if e["name"] == "storage/columns/done":
             e["dtype"] = dtype
-    for f in header["fields"]:
+    for f in header["state"]["settings"]["fields"]:
         if f[0] == "done":
             f[1]["dtype"] = dtype
     path = tmp_path / "dtype.fpk"
@@ -276,11 +305,14 @@ def test_random_bytes_of_every_size_are_refused(tmp_path):
         blobs = [
             noise,
             MAGIC + noise,
-            PREFIX.pack(MAGIC, 1, 2**64 - 1) + noise,  # a header length past everything
-            PREFIX.pack(MAGIC, 1, min(size, 100)) + noise,
             good[: len(good) // 2] + noise,  # a valid start, then garbage
-            _frame(noise[:4096]),  # random header bytes with valid digests
         ]
+        for v in (1, 2):  # both format versions
+            blobs += [
+                PREFIX.pack(MAGIC, v, 2**64 - 1) + noise,  # a header length past everything
+                PREFIX.pack(MAGIC, v, min(size, 100)) + noise,
+                _frame(noise[:4096], version=v),  # random header bytes with valid digests
+            ]
         for blob in blobs:
             path.write_bytes(blob)
             _refused_bounded(path, max_bytes=6 * 2**20)
@@ -334,11 +366,16 @@ def _numeric_leaves(obj: Any, path: tuple = ()) -> list[tuple]:
 def _exercise(buf) -> None:
     """A loaded buffer must work, or fail with a plain argument error (never crash)."""
     rng = np.random.default_rng(0)
+    nstep = buf._nstep
+    fields = buf.fields if nstep is None else nstep.fields  # without n-step's discount
+    batch = {name: np.ones((3, *f.shape), dtype=f.dtype) for name, f in fields.items()}
+    for name in ("done", "terminated", "truncated"):
+        if name in batch:
+            batch[name] = np.array([0, 0, 1], dtype=batch[name].dtype)  # an episode ends
+    # one stream's steps (an n-step buffer needs to know whose steps a batch holds)
+    env_ids = None if nstep is None or nstep.n_envs is not None else np.zeros(3, dtype=np.int64)
     for _ in range(3):
-        buf.add(
-            {"obs": np.zeros((3, 4)), "reward": np.ones(3), "next_obs": np.ones((3, 4)),
-             "done": np.array([False, False, True])}
-        )  # fmt: skip
+        buf.add(batch, env_ids=env_ids)
         s = buf.sample(5)
         buf.update_priorities(s.indices, rng.random(5), keys=s.keys)
     buf.probabilities(np.arange(len(buf)))
@@ -347,9 +384,12 @@ def _exercise(buf) -> None:
 # a huge alpha makes a rank buffer's smallest probability underflow to 0 (weights
 # of 0, with numpy's warning): a legal, if absurd, setting, not a file problem
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-def test_extreme_numbers_in_any_header_field(tmp_path, marker):
-    good = _checkpoint(tmp_path)
-    header, data = _split(good.read_bytes())
+@pytest.mark.parametrize("version", [2, 1])
+def test_extreme_numbers_in_any_header_field(version, tmp_path, marker):
+    if version == 2:
+        header, data = _split(_checkpoint(tmp_path).read_bytes())
+    else:  # fastper 0.1.0's n-step file: its header is upgraded on load
+        header, data = _split((V1_FIXTURES / "v1_nstep.fpk").read_bytes(), version=1)
     leaves = _numeric_leaves(header)
     assert len(leaves) >= 20
     path = tmp_path / "extreme.fpk"
@@ -361,7 +401,7 @@ def test_extreme_numbers_in_any_header_field(tmp_path, marker):
             for p in leaf[:-1]:
                 node = node[p]
             node[leaf[-1]] = value
-            path.write_bytes(_frame(json.dumps(forged).encode(), data))
+            path.write_bytes(_frame(json.dumps(forged).encode(), data, version))
             t0 = time.perf_counter()
             try:
                 buf = fastper.load(path)

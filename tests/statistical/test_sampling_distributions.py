@@ -329,14 +329,14 @@ def _check_slices(buf, slot_of_position: np.ndarray, mass: np.ndarray, b: int, n
 def test_stratified_proportional_slices():
     p = np.array([5.0, 1.0, 3.0, 7.0, 2.0, 6.0, 4.0, 8.0])  # total 36
     b = 5  # slice edges 7.2, 14.4, 21.6, 28.8 fall inside slots 2, 3, 5, 7
-    buf = _prop_buffer(p, 1.0)
+    buf = _prop_buffer(p, 1.0, shuffle=False)
     _check_slices(buf, np.arange(8), p, b, 20_000)
 
 
 def test_stratified_rank_slices():
     p = np.array([0.3, 9.0, 1.0, 4.0, 0.1, 2.5, 7.0, 5.0, 0.7, 3.0, 6.0])
     b, alpha = 3, 0.7
-    buf = fastper.RankBasedReplayBuffer(11, FIELDS, alpha=alpha, seed=SEED)
+    buf = fastper.RankBasedReplayBuffer(11, FIELDS, alpha=alpha, seed=SEED, shuffle=False)
     buf.add(_data(11), priorities=p)
     order = np.argsort(-p, kind="stable")  # slot at rank 1, 2, ...
     mass = np.arange(1, 12, dtype=np.float64) ** -alpha
@@ -344,9 +344,34 @@ def test_stratified_rank_slices():
 
 
 def test_stratified_uniform_slices():
-    buf = fastper.ReplayBuffer(10, FIELDS, seed=SEED)
+    buf = fastper.ReplayBuffer(10, FIELDS, seed=SEED, shuffle=False)
     buf.add(_data(10))
     _check_slices(buf, np.arange(10), np.ones(10), 4, 20_000)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "proportional", "rank"])
+def test_stratified_batches_come_back_in_random_order(kind):
+    """Regression (batches were sorted by slot): shuffle=True (default) keeps one draw in
+    each slice but hands the batch back in a uniformly random order."""
+    n, b = 12, 4  # equal masses: slice j holds exactly the slots 3j .. 3j+2
+    cls = {"uniform": fastper.ReplayBuffer, "proportional": fastper.PrioritizedReplayBuffer,
+           "rank": fastper.RankBasedReplayBuffer}[kind]  # fmt: skip
+    buf = cls(n, FIELDS, alpha=0.0, seed=SEED)  # alpha 0: every slot (and rank) weighs 1
+    buf.add(_data(n))
+    slot_of_rank = np.arange(n)  # uniform and alpha 0: the law is uniform over slots
+    where = np.zeros((b, b), dtype=np.int64)  # [slice, position]
+    for _ in range(20_000):
+        s = buf.sample(b)
+        sl = slot_of_rank[s.indices] // 3
+        assert sorted(sl.tolist()) == [0, 1, 2, 3]  # stratification kept
+        where[sl, np.arange(b)] += 1
+    for j in range(b):  # each slice's draw lands at each position 1/B of the time
+        assert _gof(where[j], np.full(b, 1.0 / b)) > P_MIN
+    # and the batch as a whole is not in slot order more often than 1/B! of the time
+    ordered = sum(
+        bool(np.all(np.diff(buf.sample(b).indices) >= 0)) for _ in range(2_400)
+    )
+    assert ordered < 2_400 * (1 / 24) + 4 * np.sqrt(2_400 / 24)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "proportional", "rank"])

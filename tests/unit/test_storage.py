@@ -5,16 +5,63 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastper import Field, FieldTypeError, Storage
+from fastper import Field, FieldTypeError, ReplayStorage, Storage
+from fastper.writer import RingWriter
 from tests.conftest import make_batch
 
 
-def _state(storage: Storage) -> tuple[dict[str, np.ndarray], int, int]:
+class _Ring:
+    """Storage + ring writer, as a buffer drives them: the k-th row goes to slot k % capacity."""
+
+    def __init__(self, fields, capacity):
+        self.storage = Storage(fields, capacity)
+        self.writer = RingWriter(capacity)
+
+    def __getattr__(self, name):
+        return getattr(self.storage, name)
+
+    @property
+    def cursor(self):
+        return self.writer.cursor
+
+    @property
+    def size(self):
+        return self.writer.size
+
+    def add(self, transition):
+        prepared, k = self.storage.prepare(transition)
+        start = self.writer.cursor
+        self.storage.write(start, prepared, k)
+        self.writer.advance(k)
+        return self.writer.slots(start, k)
+
+    def clear(self):
+        self.storage.clear()
+        self.writer.clear()
+
+
+def test_storage_follows_the_protocol_and_round_trips_its_state():
+    s = Storage({"x": ((2,), np.float32), "y": np.int64}, 5)
+    assert isinstance(s, ReplayStorage)
+    prepared, k = s.prepare({"x": np.ones((3, 2)), "y": [1, 2, 3]})
+    s.write(4, prepared, k)  # wraps: slots 4, 0, 1
+    assert s.columns["y"].tolist() == [2, 3, 0, 0, 1]
+    other = Storage({"x": ((2,), np.float32), "y": np.int64}, 5)
+    other.load_state_dict({k: v.copy() for k, v in s.state_dict(5).items()}, 5)
+    assert all(np.array_equal(other.columns[f], s.columns[f]) for f in s.columns)
+    with pytest.raises(ValueError, match="column `y` must be int64"):
+        other.load_state_dict({"columns/x": np.zeros((5, 2), np.float32),
+                               "columns/y": np.zeros(5, np.float32)}, 5)
+    assert other.columns["y"].tolist() == [2, 3, 0, 0, 1]  # refused: unchanged
+    assert s.read("y", 1, 3).tolist() == [3, 0]
+
+
+def _state(storage: _Ring) -> tuple[dict[str, np.ndarray], int, int]:
     cols = {name: col.copy() for name, col in storage.columns.items()}
     return cols, storage.cursor, storage.size
 
 
-def _assert_unchanged(storage: Storage, before: tuple[dict[str, np.ndarray], int, int]) -> None:
+def _assert_unchanged(storage: _Ring, before: tuple[dict[str, np.ndarray], int, int]) -> None:
     cols, cursor, size = before
     assert storage.cursor == cursor
     assert storage.size == size
@@ -27,7 +74,7 @@ def _assert_unchanged(storage: Storage, before: tuple[dict[str, np.ndarray], int
 
 
 def test_field_spec_forms_are_normalised() -> None:
-    s = Storage(
+    s = _Ring(
         {
             "a": ((4,), np.float32),
             "b": (3, "int16"),
@@ -67,14 +114,14 @@ def test_field_spec_forms_are_normalised() -> None:
 )
 def test_bad_field_spec_or_capacity(fields, capacity, exc, match) -> None:
     with pytest.raises(exc, match=match):
-        Storage(fields, capacity)
+        _Ring(fields, capacity)
 
 
 # --------------------------------------------------------------------------- ring placement
 
 
 def test_single_transition_goes_to_cursor(fields) -> None:
-    s = Storage(fields, 3)
+    s = _Ring(fields, 3)
     one = {k: v[0] for k, v in make_batch(1, start=5).items()}
     slots = s.add(one)
     assert slots.dtype == np.int64
@@ -87,7 +134,7 @@ def test_single_transition_goes_to_cursor(fields) -> None:
 
 @pytest.mark.parametrize("capacity", [1, 2, 5, 8])
 def test_kth_transition_lives_in_slot_k_mod_capacity(fields, capacity) -> None:
-    s = Storage(fields, capacity)
+    s = _Ring(fields, capacity)
     rng = np.random.default_rng(0)
     added = 0
     for _ in range(20):
@@ -107,7 +154,7 @@ def test_kth_transition_lives_in_slot_k_mod_capacity(fields, capacity) -> None:
 
 
 def test_full_capacity_batch_wraps_from_mid_ring(fields) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     s.add(make_batch(3, start=0))
     slots = s.add(make_batch(4, start=3))
     np.testing.assert_array_equal(slots, [3, 0, 1, 2])
@@ -116,7 +163,7 @@ def test_full_capacity_batch_wraps_from_mid_ring(fields) -> None:
 
 
 def test_gather_returns_copies(fields) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     s.add(make_batch(4))
     got = s.gather(np.array([2, 0, 2]))
     np.testing.assert_array_equal(got["reward"], [2, 0, 2])
@@ -125,7 +172,7 @@ def test_gather_returns_copies(fields) -> None:
 
 
 def test_add_copies_input(fields) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     batch = make_batch(2)
     s.add(batch)
     batch["obs"][:] = 99
@@ -133,7 +180,7 @@ def test_add_copies_input(fields) -> None:
 
 
 def test_clear_resets_cursor_and_size(fields) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     s.add(make_batch(3))
     s.clear()
     assert s.size == 0 and s.cursor == 0
@@ -163,7 +210,7 @@ def _bad_transitions() -> list[tuple[str, dict, str]]:
 
 @pytest.mark.parametrize(("name", "transition", "match"), _bad_transitions())
 def test_bad_add_raises_and_writes_nothing(fields, name, transition, match) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     s.add(make_batch(3, start=10))
     before = _state(s)
     with pytest.raises(ValueError, match=match):
@@ -174,7 +221,7 @@ def test_bad_add_raises_and_writes_nothing(fields, name, transition, match) -> N
 
 
 def test_non_mapping_transition_is_type_error(fields) -> None:
-    s = Storage(fields, 4)
+    s = _Ring(fields, 4)
     with pytest.raises(TypeError, match="must be a mapping"):
         s.add([1, 2, 3])  # type: ignore[arg-type]
     assert s.size == 0 and s.cursor == 0
@@ -206,7 +253,7 @@ def test_field_type_error_is_type_and_value_error() -> None:
     ],
 )
 def test_safe_casts_are_accepted(dtype, value, expected) -> None:
-    s = Storage({"x": dtype}, 2)
+    s = _Ring({"x": dtype}, 2)
     s.add({"x": value})
     assert s.columns["x"].dtype == np.dtype(dtype)
     assert s.columns["x"][0] == expected
@@ -234,7 +281,7 @@ def test_safe_casts_are_accepted(dtype, value, expected) -> None:
     ],
 )
 def test_unsafe_casts_raise_field_type_error(dtype, value, match) -> None:
-    s = Storage({"x": dtype, "y": np.float32}, 2)
+    s = _Ring({"x": dtype, "y": np.float32}, 2)
     s.add({"x": np.zeros((), dtype=dtype), "y": 1.0})
     before = _state(s)
     with pytest.raises(FieldTypeError, match=match):
@@ -243,7 +290,7 @@ def test_unsafe_casts_raise_field_type_error(dtype, value, match) -> None:
 
 
 def test_unsafe_cast_in_one_row_of_a_batch_rejects_whole_batch() -> None:
-    s = Storage({"a": ((2,), np.float32), "b": np.uint8}, 8)
+    s = _Ring({"a": ((2,), np.float32), "b": np.uint8}, 8)
     with pytest.raises(FieldTypeError, match=r"field `b` is uint8.*\[0, 300\]"):
         s.add({"a": np.ones((3, 2)), "b": np.array([0, 7, 300])})
     assert s.size == 0 and s.cursor == 0
@@ -251,7 +298,7 @@ def test_unsafe_cast_in_one_row_of_a_batch_rejects_whole_batch() -> None:
 
 
 def test_non_numeric_values_raise_field_type_error() -> None:
-    s = Storage({"x": ((2,), np.float32)}, 4)
+    s = _Ring({"x": ((2,), np.float32)}, 4)
     with pytest.raises(FieldTypeError, match="must hold numbers"):
         s.add({"x": np.array(["a", "b"])})
     with pytest.raises(FieldTypeError, match="object array"):
@@ -260,7 +307,7 @@ def test_non_numeric_values_raise_field_type_error() -> None:
 
 
 def test_float64_batch_cast_to_float32_matches_numpy() -> None:
-    s = Storage({"x": ((3,), np.float32)}, 4)
+    s = _Ring({"x": ((3,), np.float32)}, 4)
     vals = np.random.default_rng(0).normal(size=(4, 3))
     s.add({"x": vals})
     np.testing.assert_array_equal(s.columns["x"], vals.astype(np.float32))

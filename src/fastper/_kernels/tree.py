@@ -67,7 +67,12 @@ def aligned_full(n: int, fill: float) -> np.ndarray:
     larger one.
     """
     extra = 64 // 8
-    base = np.full(n + extra, fill, dtype=np.float64)
+    # zeros come from calloc: pages are mapped when first written, so a large
+    # sum tree costs memory only as slots fill
+    if fill == 0.0:
+        base = np.zeros(n + extra, dtype=np.float64)
+    else:
+        base = np.full(n + extra, fill, dtype=np.float64)
     start = (-base.ctypes.data % 64) // 8
     return base[start : start + n]
 
@@ -135,13 +140,30 @@ def _min_node(leaves, inner, offs, level, j, skip_zero):  # pragma: no cover - c
     inner[offs[level] + j] = m
 
 
-SUM, MIN, MIN_POSITIVE = 0, 1, 2  # what fix_paths / rebuild compute per node
+@njit(cache=True, nogil=True, inline="always")
+def _max_node(leaves, inner, offs, level, j):  # pragma: no cover - compiled
+    if level == 1:
+        a = leaves
+        b = K * j
+    else:
+        a = inner
+        b = offs[level - 1] + K * j
+    m = a[b]
+    for c in range(1, K):
+        if a[b + c] > m:
+            m = a[b + c]
+    inner[offs[level] + j] = m
+
+
+SUM, MIN, MIN_POSITIVE, MAX = 0, 1, 2, 3  # what fix_paths / rebuild compute per node
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _node(leaves, inner, offs, level, j, mode):  # pragma: no cover - compiled
     if mode == SUM:
         _sum_node(leaves, inner, offs, level, j)
+    elif mode == MAX:
+        _max_node(leaves, inner, offs, level, j)
     else:
         _min_node(leaves, inner, offs, level, j, mode == MIN_POSITIVE)
 
@@ -150,7 +172,8 @@ def _node(leaves, inner, offs, level, j, mode):  # pragma: no cover - compiled
 def fix_paths(leaves, inner, offs, depth, indices, scratch, mode):  # pragma: no cover - compiled
     """Recompute every ancestor of ``indices``' leaves, one level at a time.
 
-    ``mode``: SUM, MIN, or MIN_POSITIVE (zero leaves count as ``inf``).
+    ``mode``: SUM, MIN, MIN_POSITIVE (zero leaves count as ``inf``) or MAX
+    (of non-negative leaves: padding and empty slots hold 0).
     ``scratch`` is an int64 array at least as long as ``indices``. Runs of
     equal parents (sorted or contiguous indices) are recomputed once. Each
     item prefetches what the item 12 places later will read and write: with
@@ -211,7 +234,7 @@ def fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch):  #
 @njit(cache=True, nogil=True)
 def rebuild(leaves, inner, offs, depth, mode):  # pragma: no cover - compiled
     """Recompute every internal node from the leaves; padding nodes get the identity."""
-    empty = 0.0 if mode == SUM else np.inf
+    empty = 0.0 if mode == SUM or mode == MAX else np.inf
     for level in range(1, depth + 1):
         for j in range(offs[level + 1] - offs[level]):
             if level == 1 and K * j >= leaves.shape[0]:
@@ -351,286 +374,3 @@ def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - co
     for k in range(b):
         if not t[k] < leaves[out[k]]:
             out[k] = _find_careful(leaves, inner, offs, depth, targets[k])
-
-
-# ---------------------------------------------------------------------------
-# the proportional buffer: raw priorities + sum tree + zero-skipping min tree
-# ---------------------------------------------------------------------------
-
-
-@njit(cache=True, nogil=True)
-def prop_write(
-    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch, with_min
-):  # pragma: no cover
-    """Set raw priorities ``p`` and leaves ``p ** alpha``; last duplicate wins.
-
-    The min tree shares the sum tree's leaves and skips zeros: a zero-priority
-    slot is never sampled, so it must not set the largest weight either. It is
-    only kept up to date ``with_min`` (weights normalised buffer-wide). Leaves
-    are made here and in :func:`prop_rebuild` by the same scalar pow, so a
-    rebuilt tree is bit-identical to an updated one.
-
-    Random slots miss the cache, so the write loop prefetches the slots 16
-    items ahead (measured: about 15% faster at N = 2^20, B = 256 than no
-    prefetch).
-    """
-    b = indices.shape[0]
-    for k in range(b):
-        if k + 16 < b:
-            prefetch(leaves, indices[k + 16])
-            prefetch(raw, indices[k + 16])
-        i = indices[k]
-        raw[i] = p[k]
-        leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
-    if with_min:
-        fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch)
-    else:
-        fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
-
-
-@njit(cache=True, nogil=True)
-def prop_write_run(
-    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha, with_min
-):  # pragma: no cover
-    """Give the ``count`` slots from ``start`` (no wrap) the same priority ``p``.
-
-    What ``add`` does with new transitions: one pow, sequential writes, and
-    each level recomputes only the contiguous range of parents above the run.
-    Same result as :func:`prop_write` with those slots.
-    """
-    leaf = p**alpha if p > 0.0 else 0.0
-    for i in range(start, start + count):
-        raw[i] = p
-        leaves[i] = leaf
-    lo = start
-    hi = start + count - 1
-    for level in range(1, depth + 1):
-        lo //= K
-        hi //= K
-        for j in range(lo, hi + 1):
-            _sum_node(leaves, sinner, offs, level, j)
-            if with_min:
-                _min_node(leaves, minner, offs, level, j, True)
-
-
-@njit(cache=True, nogil=True)
-def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha, with_min):  # pragma: no cover
-    """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
-    for i in range(n):
-        leaves[i] = raw[i] ** alpha if raw[i] > 0.0 else 0.0
-    rebuild(leaves, sinner, offs, depth, SUM)
-    if with_min:
-        rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _slot_key(s, key_base, since_clear, capacity):  # pragma: no cover - compiled
-    """Key of slot ``s``'s occupant after ``since_clear`` adds since the last clear."""
-    return key_base + s + capacity * ((since_clear - 1 - s) // capacity)
-
-
-@njit(cache=True, nogil=True)
-def slot_keys(indices, key_base, added, capacity, out):  # pragma: no cover - compiled
-    """Key (insertion counter) of the occupant of each slot.
-
-    Since the last clear (at counter ``key_base``) the k-th transition went to
-    slot ``k % capacity``, so slot ``s`` holds the latest such k.
-    """
-    t = added - key_base
-    for k in range(indices.shape[0]):
-        out[k] = _slot_key(indices[k], key_base, t, capacity)
-
-
-@njit(cache=True, nogil=True)
-def td_priorities(
-    indices,
-    td,
-    keys,
-    use_keys,
-    eps,
-    clip,
-    p_limit,
-    size,
-    key_base,
-    added,
-    capacity,
-    out_idx,
-    out_p,
-    status,
-):  # pragma: no cover - compiled
-    """Validate an update, drop stale entries, compute ``min(|td|, clip) + eps``.
-
-    Writes the surviving slots and priorities to ``out_idx`` / ``out_p``.
-    ``status`` (int64[4]) receives [error code, position of the first bad
-    entry, entries kept, entries dropped as stale]. Error codes: 1 index out
-    of range, 2 slot never written, 3 td not finite, 4 priority above
-    ``p_limit`` (the largest whose ``p**alpha`` the tree can hold; one compare
-    instead of a log per entry), 5 a key never issued. On an error nothing is
-    kept.
-    Returns the largest kept priority (0.0 if none).
-    """
-    b = indices.shape[0]
-    status[0] = 0
-    status[1] = -1
-    status[2] = 0
-    status[3] = 0
-    for k in range(b):
-        i = indices[k]
-        if i < 0 or i >= capacity:
-            status[0] = 1
-        elif i >= size:
-            status[0] = 2
-        elif not np.isfinite(td[k]):
-            status[0] = 3
-        else:
-            p = min(abs(td[k]), clip) + eps
-            if p > p_limit:
-                status[0] = 4
-            elif use_keys and (keys[k] < 0 or keys[k] >= added):
-                status[0] = 5
-        if status[0] != 0:
-            status[1] = k
-            return 0.0
-    t = added - key_base
-    kept = 0
-    pmax = 0.0
-    for k in range(b):
-        i = indices[k]
-        if use_keys and keys[k] != _slot_key(i, key_base, t, capacity):
-            status[3] += 1
-            continue
-        p = min(abs(td[k]), clip) + eps
-        out_idx[kept] = i
-        out_p[kept] = p
-        kept += 1
-        if p > pmax:
-            pmax = p
-    status[2] = kept
-    return pmax
-
-
-@njit(cache=True, nogil=True)
-def prop_update(
-    raw,
-    leaves,
-    sinner,
-    minner,
-    offs,
-    depth,
-    indices,
-    td,
-    keys,
-    use_keys,
-    eps,
-    clip,
-    alpha,
-    p_limit,
-    size,
-    key_base,
-    added,
-    capacity,
-    out_p,
-    scratch,
-    status,
-    with_min,
-):  # pragma: no cover - compiled
-    """:func:`td_priorities` then :func:`prop_write` in one call (one dispatch).
-
-    ``scratch`` holds at least ``2 * len(indices)`` int64: the kept slots,
-    then the search scratch.
-    """
-    b = indices.shape[0]
-    kept_idx = scratch[:b]
-    pmax = td_priorities(
-        indices,
-        td,
-        keys,
-        use_keys,
-        eps,
-        clip,
-        p_limit,
-        size,
-        key_base,
-        added,
-        capacity,
-        kept_idx,
-        out_p,
-        status,
-    )
-    kept = status[2]
-    if status[0] == 0 and kept > 0:
-        prop_write(
-            raw,
-            leaves,
-            sinner,
-            minner,
-            offs,
-            depth,
-            kept_idx[:kept],
-            out_p[:kept],
-            alpha,
-            scratch[b:],
-            with_min,
-        )
-    return pmax
-
-
-@njit(cache=True, nogil=True)
-def prop_sample(
-    leaves,
-    sinner,
-    minner,
-    offs,
-    depth,
-    u,
-    stratified,
-    beta,
-    n,
-    norm_mode,
-    key_base,
-    added,
-    capacity,
-    out_idx,
-    out_prob,
-    out_w,
-    out_keys,
-):  # pragma: no cover - compiled
-    """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
-
-    ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
-    ``k``-th of ``B`` equal slices of the total mass. ``norm_mode``: 0 = divide
-    by the buffer-wide largest weight (smallest positive leaf, from the min
-    tree), 1 = by the batch's largest weight, 2 = no normalisation. Keys as
-    :func:`slot_keys` (``key_base``, ``added``, ``capacity``): one call does
-    what four did, and each call costs a dispatch of about 1 us.
-    """
-    total = sinner[offs[depth]]
-    b = u.shape[0]
-    targets = np.empty(b)
-    for k in range(b):
-        if stratified:
-            targets[k] = (k + u[k]) * total / b
-        else:
-            targets[k] = u[k] * total
-    sum_find(leaves, sinner, offs, depth, targets, out_idx)
-    # out_prob holds raw leaves until the weights are done: ratios of leaves
-    # are exact where ratios of probabilities would round twice.
-    for k in range(b):
-        out_prob[k] = leaves[out_idx[k]]
-    if norm_mode == 0:
-        lmin = minner[offs[depth]]
-        for k in range(b):
-            out_w[k] = (out_prob[k] / lmin) ** (-beta)
-    elif norm_mode == 1:
-        lmin = np.inf
-        for k in range(b):
-            if out_prob[k] < lmin:
-                lmin = out_prob[k]
-        for k in range(b):
-            out_w[k] = (out_prob[k] / lmin) ** (-beta)
-    else:
-        for k in range(b):
-            out_w[k] = (n * (out_prob[k] / total)) ** (-beta)
-    for k in range(b):
-        out_prob[k] = out_prob[k] / total
-    slot_keys(out_idx, key_base, added, capacity, out_keys)

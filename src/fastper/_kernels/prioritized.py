@@ -1,0 +1,217 @@
+"""Kernels of the proportional sampler: raw priorities + sum tree + min tree.
+
+They combine the tree kernels of :mod:`fastper._kernels.tree` with the key
+arithmetic of :mod:`fastper._kernels.ring` into one compiled call per buffer
+operation (each dispatch costs about 1 us).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._intrinsics import prefetch
+from .ring import slot_keys, td_priorities
+from .tree import (
+    MIN_POSITIVE,
+    SUM,
+    K,
+    _min_node,
+    _sum_node,
+    fix_paths,
+    fix_sum_min_paths,
+    rebuild,
+    sum_find,
+)
+
+
+@njit(cache=True, nogil=True)
+def prop_write(
+    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch, with_min
+):  # pragma: no cover
+    """Set raw priorities ``p`` and leaves ``p ** alpha``; last duplicate wins.
+
+    The min tree shares the sum tree's leaves and skips zeros: a zero-priority
+    slot is never sampled, so it must not set the largest weight either. It is
+    only kept up to date ``with_min`` (weights normalised buffer-wide). Leaves
+    are made here and in :func:`prop_rebuild` by the same scalar pow, so a
+    rebuilt tree is bit-identical to an updated one.
+
+    Random slots miss the cache, so the write loop prefetches the slots 16
+    items ahead (measured: about 15% faster at N = 2^20, B = 256 than no
+    prefetch).
+    """
+    b = indices.shape[0]
+    for k in range(b):
+        if k + 16 < b:
+            prefetch(leaves, indices[k + 16])
+            prefetch(raw, indices[k + 16])
+        i = indices[k]
+        raw[i] = p[k]
+        leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
+    if with_min:
+        fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch)
+    else:
+        fix_paths(leaves, sinner, offs, depth, indices, scratch, SUM)
+
+
+@njit(cache=True, nogil=True)
+def prop_write_run(
+    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha, with_min
+):  # pragma: no cover
+    """Give the ``count`` slots from ``start`` (no wrap) the same priority ``p``.
+
+    What ``add`` does with new transitions: one pow, sequential writes, and
+    each level recomputes only the contiguous range of parents above the run.
+    Same result as :func:`prop_write` with those slots.
+    """
+    leaf = p**alpha if p > 0.0 else 0.0
+    for i in range(start, start + count):
+        raw[i] = p
+        leaves[i] = leaf
+    lo = start
+    hi = start + count - 1
+    for level in range(1, depth + 1):
+        lo //= K
+        hi //= K
+        for j in range(lo, hi + 1):
+            _sum_node(leaves, sinner, offs, level, j)
+            if with_min:
+                _min_node(leaves, minner, offs, level, j, True)
+
+
+@njit(cache=True, nogil=True)
+def prop_rebuild(raw, n, leaves, sinner, minner, offs, depth, alpha, with_min):  # pragma: no cover
+    """Recompute every leaf from raw priorities (slots ``0..n-1``), then all nodes."""
+    for i in range(n):
+        leaves[i] = raw[i] ** alpha if raw[i] > 0.0 else 0.0
+    rebuild(leaves, sinner, offs, depth, SUM)
+    if with_min:
+        rebuild(leaves, minner, offs, depth, MIN_POSITIVE)
+
+
+@njit(cache=True, nogil=True)
+def prop_update(
+    raw,
+    leaves,
+    sinner,
+    minner,
+    offs,
+    depth,
+    indices,
+    td,
+    keys,
+    use_keys,
+    eps,
+    clip,
+    alpha,
+    p_limit,
+    size,
+    key_base,
+    added,
+    capacity,
+    out_p,
+    scratch,
+    status,
+    with_min,
+):  # pragma: no cover - compiled
+    """:func:`td_priorities` then :func:`prop_write` in one call (one dispatch).
+
+    ``scratch`` holds at least ``2 * len(indices)`` int64: the kept slots,
+    then the search scratch.
+    """
+    b = indices.shape[0]
+    kept_idx = scratch[:b]
+    pmax = td_priorities(
+        indices,
+        td,
+        keys,
+        use_keys,
+        eps,
+        clip,
+        p_limit,
+        size,
+        key_base,
+        added,
+        capacity,
+        kept_idx,
+        out_p,
+        status,
+    )
+    kept = status[2]
+    if status[0] == 0 and kept > 0:
+        prop_write(
+            raw,
+            leaves,
+            sinner,
+            minner,
+            offs,
+            depth,
+            kept_idx[:kept],
+            out_p[:kept],
+            alpha,
+            scratch[b:],
+            with_min,
+        )
+    return pmax
+
+
+@njit(cache=True, nogil=True)
+def prop_sample(
+    leaves,
+    sinner,
+    minner,
+    offs,
+    depth,
+    u,
+    stratified,
+    beta,
+    n,
+    norm_mode,
+    key_base,
+    added,
+    capacity,
+    out_idx,
+    out_prob,
+    out_w,
+    out_keys,
+):  # pragma: no cover - compiled
+    """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
+
+    ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
+    ``k``-th of ``B`` equal slices of the total mass. ``norm_mode``: 0 = divide
+    by the buffer-wide largest weight (smallest positive leaf, from the min
+    tree), 1 = by the batch's largest weight, 2 = no normalisation. Keys as
+    :func:`slot_keys` (``key_base``, ``added``, ``capacity``): one call does
+    what four did, and each call costs a dispatch of about 1 us.
+    """
+    total = sinner[offs[depth]]
+    b = u.shape[0]
+    targets = np.empty(b)
+    for k in range(b):
+        if stratified:
+            targets[k] = (k + u[k]) * total / b
+        else:
+            targets[k] = u[k] * total
+    sum_find(leaves, sinner, offs, depth, targets, out_idx)
+    # out_prob holds raw leaves until the weights are done: ratios of leaves
+    # are exact where ratios of probabilities would round twice.
+    for k in range(b):
+        out_prob[k] = leaves[out_idx[k]]
+    if norm_mode == 0:
+        lmin = minner[offs[depth]]
+        for k in range(b):
+            out_w[k] = (out_prob[k] / lmin) ** (-beta)
+    elif norm_mode == 1:
+        lmin = np.inf
+        for k in range(b):
+            if out_prob[k] < lmin:
+                lmin = out_prob[k]
+        for k in range(b):
+            out_w[k] = (out_prob[k] / lmin) ** (-beta)
+    else:
+        for k in range(b):
+            out_w[k] = (n * (out_prob[k] / total)) ** (-beta)
+    for k in range(b):
+        out_prob[k] = out_prob[k] / total
+    slot_keys(out_idx, key_base, added, capacity, out_keys)

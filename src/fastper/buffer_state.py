@@ -1,0 +1,593 @@
+"""Buffer states: ``state_dict`` / ``load_state_dict`` / ``save``, and :func:`load`.
+
+A buffer's state is nested dicts of JSON values whose parts (``"writer"``,
+``"sampler"``, ``"storage"``, ``"nstep"``) come from the parts' own
+``state_dict()``; only the part dicts hold numpy arrays. :mod:`fastper.checkpoint`
+writes and reads such states as files; this module turns buffers into states
+and back (:func:`from_state_dict`, :func:`load`), choosing the class by the
+state's ``kind`` from :data:`BUFFER_KINDS`, where each buffer class registers
+itself.
+
+``save`` does not stop the world: it holds the buffer's lock only to take a
+snapshot of the small state and the priorities (O(N) copy of 8 bytes per
+slot), then streams the rows outside it, one chunk at a time under the lock.
+Rows an ``add`` overwrites before they were written are first copied aside
+(:class:`_SaveGuard`), so the file holds exactly the state at the snapshot.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from . import checkpoint as _ckpt
+from . import schedules as _sched
+from ._validation import check_int, check_real
+from .errors import CheckpointError, ScheduleNotSerializableError
+from .nstep import NStepWriter
+from .samplers import PriorityMax, Sampler
+from .storage import Field, ReplayStorage, Storage
+from .writer import RingWriter
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: what ``storage=`` accepts: a storage, or a factory ``(fields, capacity) -> storage``
+StorageLike = ReplayStorage | Callable[[Mapping[str, Field], int], ReplayStorage]
+
+SCHEMES = ("proportional", "rank")
+
+#: buffer classes by ``kind``, filled as the classes are defined
+BUFFER_KINDS: dict[str, type[Any]] = {}
+
+
+def locked(method: F) -> F:
+    """Run the method under the buffer's re-entrant lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _SaveGuard:
+    """Keeps the rows a save still has to write, when ``add`` overwrites them meanwhile.
+
+    ``save`` snapshots everything small under the buffer's lock, then streams
+    the storage's rows outside it, one chunk at a time under the lock. A slot
+    overwritten before its rows were written gets its old rows copied here
+    first (once), so the file holds the state at the snapshot.
+    """
+
+    def __init__(self, storage: ReplayStorage, n: int) -> None:
+        self.storage = storage
+        self.n = n
+        self.names = list(storage.fields)
+        self.saved_through: dict[str, int] = dict.fromkeys(self.names, 0)
+        self.kept = np.zeros(n, dtype=np.bool_)
+        # rows set aside, in growing arrays (doubling): a chunk read filters them
+        # in O(rows set aside) without copying them again
+        self.count = 0
+        self.slots = np.empty(0, dtype=np.int64)
+        self.rows: dict[str, np.ndarray] = {}
+
+    def before_write(self, slots: np.ndarray) -> None:
+        """Set aside the old rows of ``slots`` that the save still needs. O(k)."""
+        lo = min(self.saved_through.values())
+        s = slots[(slots < self.n) & (slots >= lo)]
+        if s.size == 0:
+            return
+        s = s[~self.kept[s]]
+        if s.size == 0:
+            return
+        self.kept[s] = True
+        gathered = self.storage.gather(s)
+        end = self.count + s.shape[0]
+        if end > self.slots.shape[0]:
+            size = max(2 * self.slots.shape[0], end, 256)
+            self.slots = np.resize(self.slots, size)
+            for name in self.names:
+                old = self.rows.get(name)
+                grown = np.empty((size, *gathered[name].shape[1:]), gathered[name].dtype)
+                if old is not None:
+                    grown[: self.count] = old[: self.count]
+                self.rows[name] = grown
+        self.slots[self.count : end] = s
+        for name in self.names:
+            self.rows[name][self.count : end] = gathered[name]
+        self.count = end
+
+    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of ``name`` as they were at the snapshot."""
+        rows = self.storage.read(name, lo, hi)
+        if self.count:
+            s = self.slots[: self.count]
+            inside = np.flatnonzero((s >= lo) & (s < hi))
+            if inside.size:
+                rows[s[inside] - lo] = self.rows[name][inside]
+        self.saved_through[name] = hi
+        return rows
+
+
+class StateMixin:
+    """The state half of a buffer (see the module docstring); used by ``buffers._Buffer``."""
+
+    kind: ClassVar[str] = ""
+    _capacity: int
+    _eps: float
+    _clip: float | None
+    _max_policy: str | float
+    _stratified: bool
+    _shuffle: bool
+    _weight_norm: str
+    _alpha_every: int
+    _gamma: float
+    _seed: int | None
+    _nstep: NStepWriter | None
+    _storage: ReplayStorage
+    _writer: RingWriter
+    _sampler: Sampler
+    _scheme: str
+    _scheme_options: dict[str, Any]
+    _pending_switch: dict[str, Any] | None
+    _alpha_schedule: Callable[[int], float]
+    _beta_schedule: Callable[[int], float]
+    _noise_schedule: Callable[[int], float]
+    _step: int
+    _max_seen: float
+    _stale_updates: int
+    _rng: np.random.Generator
+    _current_max: PriorityMax | None
+    _lock: threading.RLock
+    _save_lock: threading.Lock
+    _guards: list[_SaveGuard]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            BUFFER_KINDS[cls.kind] = cls
+
+    def __len__(self) -> int:
+        return self._writer.size
+
+    @property
+    def capacity(self) -> int:
+        """Number of slots."""
+        return self._capacity
+
+    def _build_sampler(
+        self, scheme: str, alpha: float, options: Mapping[str, Any], raw: np.ndarray | None
+    ) -> Sampler:  # pragma: no cover - provided by the buffer
+        raise NotImplementedError
+
+    @staticmethod
+    def _rank_options(sort_every: Any, segments: Any) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _settings(self) -> dict[str, Any]:
+        """Constructor arguments (JSON-able), schedules as ``schedules.to_dict``."""
+        nstep = self._nstep
+        return {
+            "capacity": self._capacity,
+            "fields": [
+                [k, f.to_dict()]
+                for k, f in (nstep.fields if nstep else self._storage.fields).items()
+            ],
+            "eps": self._eps,
+            "clip": self._clip,
+            "max_priority": self._max_policy,
+            "stratified": self._stratified,
+            "shuffle": self._shuffle,
+            "weight_norm": self._weight_norm,
+            "alpha_every": self._alpha_every,
+            "gamma": self._gamma,
+            "seed": self._seed,
+            "nstep": None if nstep is None else nstep.settings(),
+            **self._class_settings(),
+        }
+
+    def _class_settings(self) -> dict[str, Any]:
+        return {}
+
+    def _state_dict(self, storage_state: dict[str, Any]) -> dict[str, Any]:
+        n = len(self)
+        pending = self._pending_switch
+        return {
+            "kind": self.kind,
+            "settings": self._settings(),
+            "schedules": {
+                "alpha": _sched.to_dict(self._alpha_schedule),
+                "beta": _sched.to_dict(self._beta_schedule),
+                "priority_noise": _sched.to_dict(self._noise_schedule),
+            },
+            "buffer": {
+                "scheme": self._scheme,
+                "scheme_options": self._scheme_options,
+                "pending_switch": None
+                if pending is None
+                else {
+                    **pending,
+                    "alpha": None if pending["alpha"] is None else _sched.to_dict(pending["alpha"]),
+                },
+                "max_priority_ever": self._max_seen,
+                "stale_updates": self._stale_updates,
+                "step": self._step,
+                "rng": self._rng.bit_generator.state,
+            },
+            "writer": self._writer.state_dict(),
+            "sampler": self._sampler.state_dict(n),
+            "storage": storage_state,
+            "nstep": None if self._nstep is None else self._nstep.state_dict(),
+        }
+
+    @locked
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's whole state: settings, counters, random state and arrays. O(N).
+
+        Nested dicts of JSON-able values; numpy arrays appear only as values of
+        the part dicts ``"sampler"``, ``"storage"`` and ``"nstep"``. The storage's
+        arrays are views of the buffer's memory (copy them to keep a snapshot
+        while the buffer changes); the rest is copied. :func:`from_state_dict`
+        and :meth:`load_state_dict` take it back; :meth:`save` writes it.
+        """
+        return self._state_dict(self._storage.state_dict(len(self)))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace this buffer's contents with ``state`` (from :meth:`state_dict`).
+
+        The settings must match this buffer's (:func:`fastper.from_state_dict`
+        builds a buffer from any state). The state is loaded into a new buffer
+        first, so a refused state changes nothing here. O(N log N) at most.
+
+        Raises:
+            ValueError: settings that differ, or an inconsistent state.
+        """
+        # a save in progress finishes first: it streams rows outside the lock
+        with self._save_lock, self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: Mapping[str, Any]) -> None:
+        mine = _jsonable(self._settings())
+        theirs = _jsonable(state.get("settings"))
+        if not isinstance(theirs, dict):
+            raise ValueError(f"`state` must hold the buffer's settings, got {theirs!r}")
+        # the seed only started the generator, whose state the state replaces
+        differ = sorted(
+            k for k in mine.keys() | theirs.keys() if k != "seed" and mine.get(k) != theirs.get(k)
+        )
+        if state.get("kind") != self.kind or differ:
+            raise ValueError(
+                "`state` must come from a buffer with this buffer's settings, got kind "
+                f"{state.get('kind')!r} ({self.kind!r} here) and different settings "
+                + ", ".join(f"{k}={theirs.get(k)!r} ({mine.get(k)!r} here)" for k in differ)
+            )
+        sch = state.get("schedules", {})
+
+        def given(name: str, mine: Any) -> Any:  # a custom callable cannot be in a state
+            saved = sch.get(name) if isinstance(sch, Mapping) else None
+            return mine if isinstance(saved, Mapping) and saved.get("kind") == "callable" else None
+
+        other = from_state_dict(
+            state,
+            alpha=given("alpha", self._alpha_schedule),
+            beta=given("beta", self._beta_schedule),
+        )
+        storage = self._storage
+        if type(storage) is not Storage:  # a custom storage is loaded in place, last
+            storage.load_state_dict(state["storage"], len(other))
+        else:
+            storage = other._storage
+        for name in (
+            "_writer", "_sampler", "_scheme", "_scheme_options", "_pending_switch", "_nstep",
+            "_alpha_schedule", "_beta_schedule", "_noise_schedule", "_step", "_max_seen",
+            "_stale_updates", "_rng", "_current_max",
+        ):  # fmt: skip
+            setattr(self, name, getattr(other, name))
+        self._storage = storage
+
+    def state_targets(self, n: int) -> dict[str, np.ndarray]:
+        """Where a loader may read a state's arrays in place, by ``part/key`` name. O(1).
+
+        Views of this buffer's own memory for ``n`` stored slots (the storage's
+        rows, the priorities): :func:`load` reads a file straight into them.
+        """
+        out = {f"storage/{k}": v for k, v in self._storage.state_targets(n).items()}
+        out.update({f"sampler/{k}": v for k, v in self._sampler.state_targets(n).items()})
+        return out
+
+    def _load(self, state: Mapping[str, Any], alpha: Any, beta: Any) -> None:
+        """Check ``state`` part by part, then apply it: only for a new buffer (see load_state_dict)."""
+        _exact_keys("state", state, _STATE_KEYS)
+        buf = state["buffer"]
+        sch = state["schedules"]
+        _exact_keys("buffer", buf, _BUFFER_KEYS)
+        _exact_keys("schedules", sch, ("alpha", "beta", "priority_noise"))
+        _exact_keys("writer", state["writer"], ("size", "cursor", "total_added", "key_base"))
+        alpha_s = _restore_schedule(sch["alpha"], alpha, "alpha")
+        beta_s = _restore_schedule(sch["beta"], beta, "beta")
+        noise_s = _restore_schedule(sch["priority_noise"], None, "priority_noise")
+        writer = RingWriter(self._capacity)
+        writer.load_state_dict(state["writer"])
+        n = writer.size
+        step = check_int("step", buf["step"], minimum=0)
+        max_seen = check_real("max_priority_ever", buf["max_priority_ever"], minimum=1.0)
+        stale = check_int("stale_updates", buf["stale_updates"], minimum=0)
+        scheme = buf["scheme"]
+        if scheme not in ((self.kind,) if self.kind == "uniform" else SCHEMES):
+            raise ValueError(f"scheme {scheme!r} cannot be used by a {type(self).__name__}")
+        options = dict(buf["scheme_options"])
+        if scheme == "rank":
+            options = self._rank_options(options.get("sort_every"), options.get("segments", False))
+        pending = buf.get("pending_switch")
+        pending_switch = None
+        if pending is not None:
+            if pending["scheme"] not in SCHEMES:
+                raise ValueError(f"pending switch to unknown scheme {pending['scheme']!r}")
+            opts = pending["options"]
+            pending_switch = {
+                "scheme": pending["scheme"],
+                "at_step": check_int("at_step", pending["at_step"], minimum=0),
+                "alpha": None
+                if pending["alpha"] is None
+                else _restore_schedule(pending["alpha"], None, "alpha"),
+                "options": self._rank_options(opts.get("sort_every"), opts.get("segments", False))
+                if pending["scheme"] == "rank"
+                else {},
+            }
+        sampler_state = dict(state["sampler"])
+        p = sampler_state.get("priorities")
+        if isinstance(p, np.ndarray) and p.size and float(p.max()) > max_seen:
+            raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
+        rng = np.random.Generator(np.random.PCG64())
+        try:
+            rng.bit_generator.state = buf["rng"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"random state is invalid: {exc}") from None
+        nstep_state = state.get("nstep")
+        if (nstep_state is None) != (self._nstep is None):
+            raise ValueError("the n-step state does not match the n-step settings")
+        sampler = self._sampler
+        if scheme != self._scheme or options != self._scheme_options:
+            sampler = self._build_sampler(
+                scheme, float(sampler_state["alpha"]), options, self._sampler.raw_leaves
+            )
+        self._storage.load_state_dict(state["storage"], n)
+        if self._nstep is not None and nstep_state is not None:
+            self._nstep.load_state_dict(nstep_state)
+        sampler.load_state_dict(sampler_state, n)
+        self._sampler = sampler
+        self._scheme, self._scheme_options = scheme, options
+        self._pending_switch = pending_switch
+        self._writer = writer
+        self._alpha_schedule, self._beta_schedule, self._noise_schedule = alpha_s, beta_s, noise_s
+        self._step, self._max_seen, self._stale_updates = step, max_seen, stale
+        self._rng = rng
+        if self._max_policy == "current":
+            self._current_max = PriorityMax(self._sampler.raw_leaves)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a checkpoint atomically (temporary file + rename). O(N).
+
+        Never uses pickle (see :mod:`fastper.checkpoint`). The buffer's lock is
+        held only to snapshot the small state and the priorities (O(N) copy of
+        8 bytes per slot) and for each chunk of rows read: other threads keep
+        adding and sampling while the file is written, and the file holds the
+        state at the snapshot (rows overwritten meanwhile are kept aside
+        first). Saves of one buffer run one at a time.
+        """
+        with self._save_lock:
+            with self._lock:
+                pending = self._pending_switch
+                if pending is not None and pending["alpha"] is not None:
+                    if _sched.to_dict(pending["alpha"]).get("kind") == "callable":
+                        raise ScheduleNotSerializableError(
+                            "a scheme switch pending at step "
+                            f"{pending['at_step']} has a custom callable alpha, which "
+                            "cannot be saved: give it a fastper.schedules schedule, or "
+                            "save once the switch happened (load(path, alpha=...) then "
+                            "takes the callable)"
+                        )
+                n = len(self)
+                guard = _SaveGuard(self._storage, n)
+                storage_state = {
+                    f"columns/{name}": _ckpt.LazyArray(
+                        f.dtype, (n, *f.shape), functools.partial(self._read_rows, guard, name)
+                    )
+                    for name, f in self._storage.fields.items()
+                }
+                state = self._state_dict(storage_state)
+                self._guards.append(guard)
+            try:
+                _ckpt.write_state(path, state)
+            finally:
+                with self._lock:
+                    self._guards.remove(guard)
+
+    def _read_rows(self, guard: _SaveGuard, name: str, lo: int, hi: int) -> np.ndarray:
+        with self._lock:
+            return guard.read(name, lo, hi)
+
+
+_STATE_KEYS = ("kind", "settings", "schedules", "buffer", "writer", "sampler", "storage", "nstep")
+_BUFFER_KEYS = (
+    "scheme", "scheme_options", "pending_switch", "max_priority_ever", "stale_updates", "step",
+    "rng",
+)  # fmt: skip
+
+
+def _exact_keys(name: str, part: Any, keys: tuple[str, ...]) -> None:
+    """A state part must be a mapping with exactly ``keys``: nothing dropped silently."""
+    if not isinstance(part, Mapping):
+        raise ValueError(f"state part `{name}` must be a mapping, got {type(part).__name__}")
+    if set(part) != set(keys):
+        raise ValueError(
+            f"state part `{name}` must have the entries {sorted(keys)}, got {sorted(map(str, part))}"
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    """Tuples as lists, so settings compare equal after a JSON round trip."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _restore_schedule(saved: Mapping[str, Any], given: Any, name: str) -> Any:
+    if given is not None:
+        return _sched.as_schedule(name, given)
+    if saved.get("kind") == "callable":
+        raise ScheduleNotSerializableError(
+            f"the buffer was saved with a custom `{name}` schedule ({saved.get('repr')}); "
+            f"pass it again: fastper.load(path, {name}=...)"
+        )
+    return _sched.from_dict(dict(saved))
+
+
+def _constructor_args(state: Mapping[str, Any]) -> tuple[type[Any], dict[str, Any]]:
+    kind = state.get("kind")
+    if kind not in BUFFER_KINDS:
+        raise ValueError(f"unknown buffer kind {kind!r}")
+    s = dict(state["settings"])
+    args: dict[str, Any] = {
+        "capacity": check_int("capacity", s.pop("capacity"), minimum=1),
+        "fields": {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in s.pop("fields")},
+    }
+    nstep = s.pop("nstep")
+    if nstep is not None:
+        nstep = dict(nstep)
+        args["n_step"] = nstep.pop("n")
+        args["n_envs"] = nstep.pop("n_envs", None)
+        args["autoreset"] = nstep.pop("autoreset", None)
+        args["nstep_keys"] = {k: v for k, v in nstep.items() if k.endswith("_key")}
+    args.update(s)
+    return BUFFER_KINDS[kind], args
+
+
+def _new_buffer(
+    state: Mapping[str, Any], alpha: Any, beta: Any, storage: StorageLike | None = None
+) -> Any:
+    cls, args = _constructor_args(state)
+    sch = state["schedules"]
+    return cls(
+        **args,
+        alpha=_restore_schedule(sch["alpha"], alpha, "alpha"),
+        beta=_restore_schedule(sch["beta"], beta, "beta"),
+        priority_noise=_restore_schedule(sch["priority_noise"], None, "priority_noise"),
+        storage=storage,
+    )
+
+
+def from_state_dict(
+    state: Mapping[str, Any],
+    *,
+    alpha: _sched.ScheduleLike | None = None,
+    beta: _sched.ScheduleLike | None = None,
+    storage: StorageLike | None = None,
+) -> Any:
+    """A new buffer holding ``state`` (from a buffer's ``state_dict()``).
+
+    Args:
+        state: the state.
+        alpha, beta: schedules instead of the saved ones (needed for custom
+            callables, which cannot be saved).
+        storage: where the new buffer keeps its rows (default: RAM).
+
+    Raises:
+        ValueError: an inconsistent state.
+        ScheduleNotSerializableError: a custom schedule was saved and none given.
+    """
+    buf = _new_buffer(state, alpha, beta, storage)
+    buf._load(state, alpha, beta)
+    return buf
+
+
+def _check_size(args: Mapping[str, Any]) -> None:
+    """Refuse a header whose buffer could not fit in this machine's memory.
+
+    The arrays in the file only cover the stored slots; the capacity is taken
+    from the header, so a forged header could otherwise ask for terabytes.
+    Only what lives in RAM counts: the index (priorities, trees, ranks) and
+    the default storage's columns.
+    """
+    capacity = int(args["capacity"])
+    per_slot = 64  # raw priorities and trees or rank structure, generously
+    for shape, dtype in args["fields"].values():
+        per_slot += math.prod(int(x) for x in shape) * np.dtype(str(dtype)).itemsize
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        physical = 1 << 40
+    if capacity * per_slot > physical:
+        raise CheckpointError(
+            f"checkpoint declares capacity={capacity} ({capacity * per_slot / 2**30:.1f} GiB), "
+            f"more than this machine's memory ({physical / 2**30:.1f} GiB)"
+        )
+
+
+_CONTENT_ERRORS = (
+    KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, SyntaxError,
+    RecursionError,
+)  # fmt: skip
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    alpha: _sched.ScheduleLike | None = None,
+    beta: _sched.ScheduleLike | None = None,
+) -> Any:
+    """Load a buffer saved with ``buffer.save(path)``.
+
+    The loaded buffer holds the same contents, priorities, keys, cursor,
+    settings, schedules, step and random state, so it continues with exactly
+    the samples the original would have drawn. The file is read once, rows and
+    priorities straight into the new buffer: memory peaks at about the loaded
+    buffer's own size. Files of every earlier format version load (format 1:
+    fastper 0.1.0; see :func:`fastper.checkpoint.upgrade_v1`).
+
+    Args:
+        path: checkpoint file.
+        alpha, beta: schedules to use instead of the saved ones; needed when
+            the buffer was saved with a custom callable schedule.
+
+    Raises:
+        CheckpointError: a truncated, altered or malformed file, or an
+            unknown format version (a ValueError).
+        ScheduleNotSerializableError: a custom schedule was saved and none
+            was given.
+    """
+    made: list[Any] = []
+
+    def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
+        _, args = _constructor_args(state)
+        _check_size(args)
+        buf = _new_buffer(state, alpha, beta)
+        made.append(buf)
+        n = state["writer"]["size"]
+        if not (isinstance(n, int) and 0 <= n <= buf.capacity):
+            return {}
+        return buf.state_targets(n)
+
+    try:
+        state, _ = _ckpt.read_state(path, targets)
+        buf = made[0]
+        buf._load(state, alpha, beta)
+    except (ScheduleNotSerializableError, CheckpointError):
+        raise
+    except _CONTENT_ERRORS as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
+    return buf
+
+
+def read_metadata(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
+    """The checkpoint's settings and state without its arrays (see :func:`fastper.checkpoint.read_metadata`)."""
+    return _ckpt.read_metadata(path, verify=verify)

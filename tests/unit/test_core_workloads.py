@@ -1,0 +1,255 @@
+"""Issue 10: max-priority policies, alpha granularity, scheme switching, priority
+noise, the storage protocol and buffer states. One regression test per bug fixed,
+named after it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import fastper
+from fastper.storage import Storage
+from tests.oracles import assert_same_state, proportional_probs, rank_probs, snapshot
+
+FIELDS = {"x": np.float32}
+P_MIN = 1e-3
+
+
+def _data(k: int, start: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.arange(start, start + k, dtype=np.float32)}
+
+
+# ---------------------------------------------------------------------------
+# max priority of new transitions (item 6)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls", [fastper.ReplayBuffer, fastper.PrioritizedReplayBuffer, fastper.RankBasedReplayBuffer]
+)
+def test_clip_was_ignored_by_the_initial_max_priority(cls):
+    buf = cls(16, FIELDS, clip=0.1, eps=1e-6, seed=0)
+    slots = buf.add(_data(4))
+    np.testing.assert_array_equal(buf.priorities(slots), np.full(4, 0.1 + 1e-6))
+    assert buf.max_priority == 0.1 + 1e-6 and buf.max_priority_ever == 1.0
+    # an update can never exceed clip + eps, and new items never get more than that
+    buf.update_priorities(slots[:1], [50.0])
+    assert buf.add(_data(1)).size == 1 and buf.max_priority == 0.1 + 1e-6
+
+
+def _newest_share(policy) -> float:
+    """Share of draws that go to the newest 1% after one outlier TD error is corrected."""
+    n = 10_000
+    buf = fastper.PrioritizedReplayBuffer(n, FIELDS, alpha=1.0, max_priority=policy, seed=0)
+    buf.add(_data(n - 100), priorities=np.ones(n - 100))
+    buf.update_priorities([5], [1000.0])  # one outlier...
+    buf.update_priorities([5], [1.0])  # ...corrected at once
+    new = buf.add(_data(100, n))
+    draws = np.concatenate([buf.sample(256).indices for _ in range(40)])
+    return float(np.isin(draws, new).mean())
+
+
+def test_one_corrected_outlier_sent_most_draws_to_the_newest_items():
+    # "ever" (the paper's rule, the default) keeps 1000 for every new item: ~91% of the
+    # mass sits on the newest 1% (100 x 1000 vs 9,900 x 1); "current" uses the largest
+    # priority held now (1.0), so the newest 1% get ~1% of the draws.
+    assert _newest_share("ever") > 0.85
+    assert _newest_share("current") < 0.02
+    assert _newest_share(2.0) == pytest.approx(200 / (9_900 + 200), abs=0.01)
+
+
+def test_current_max_follows_what_the_buffer_holds():
+    buf = fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority="current", seed=0)
+    assert buf.max_priority == 1.0  # empty: the paper's starting value
+    buf.add(_data(4), priorities=[0.5, 9.0, 0.25, 2.0])
+    assert buf.max_priority == 9.0
+    buf.update_priorities([1], [3.0], keys=buf.keys([1]))
+    assert buf.max_priority == pytest.approx(3.0 + 1e-6)
+    buf.add(_data(2), priorities=[0.1, 0.1])  # overwrites slots 0, 1: 3.0 is gone
+    assert buf.max_priority == 2.0
+    slots = buf.add(_data(1))  # new item: the largest held, 2.0
+    assert buf.priorities(slots).tolist() == [2.0]
+    buf.clear()
+    assert buf.max_priority == 1.0
+
+
+def test_max_priority_policy_is_checked():
+    with pytest.raises(ValueError, match="`max_priority` must be 'ever', 'current'"):
+        fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority="largest")
+    with pytest.raises(ValueError, match=r"`max_priority` must be <= clip \+ eps"):
+        fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority=2.0, clip=1.0)
+    with pytest.raises(ValueError, match="`max_priority` must be > 0"):
+        fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority=0.0)
+
+
+# ---------------------------------------------------------------------------
+# alpha schedules at a documented granularity (item 9)
+# ---------------------------------------------------------------------------
+
+
+def test_alpha_schedule_made_every_sample_cost_o_n():
+    # every sample re-weighed all N priorities; now only every `alpha_every` samples,
+    # and what is reported is exact for the alpha in force
+    sched = fastper.schedules.linear(0.2, 1.0, 100)
+    buf = fastper.PrioritizedReplayBuffer(64, FIELDS, alpha=sched, alpha_every=10, seed=0)
+    p = np.geomspace(0.01, 10.0, 64)
+    buf.add(_data(64), priorities=p)
+    calls = []
+    sampler_cls = type(buf._sampler)
+    orig = sampler_cls.set_alpha
+
+    def counting(self, alpha, n):
+        calls.append(alpha)
+        return orig(self, alpha, n)
+
+    sampler_cls.set_alpha = counting
+    try:
+        for step in range(35):
+            s = buf.sample(8)
+            want_alpha = sched(step - step % 10)
+            assert buf.alpha == pytest.approx(want_alpha)
+            np.testing.assert_allclose(
+                s.probabilities, proportional_probs(p, buf.alpha)[s.indices], rtol=1e-12
+            )
+    finally:
+        sampler_cls.set_alpha = orig
+    assert len(calls) == 3  # at steps 10, 20, 30
+    # the default granularity: ceil(capacity / 256)
+    assert fastper.PrioritizedReplayBuffer(5000, FIELDS).alpha_every == 20
+    assert fastper.PrioritizedReplayBuffer(64, FIELDS).alpha_every == 1
+
+
+# ---------------------------------------------------------------------------
+# switching rank <-> proportional, priority noise (item 8)
+# ---------------------------------------------------------------------------
+
+
+def _freq_pvalue(buf, law, draws=30_000):
+    idx = np.concatenate([buf.sample(100).indices for _ in range(draws // 100)])
+    counts = np.bincount(idx, minlength=law.shape[0])
+    return stats.chisquare(counts, law * counts.sum()).pvalue
+
+
+def test_switch_from_rank_to_proportional_at_a_step_and_through_a_checkpoint(tmp_path):
+    p = np.random.default_rng(1).uniform(0.1, 5.0, 20)
+    buf = fastper.RankBasedReplayBuffer(20, FIELDS, alpha=0.7, seed=3, stratified=False)
+    buf.add(_data(20), priorities=p)
+    buf.switch_scheme("proportional", at_step=300, alpha=0.6)
+    assert buf.scheme == "rank"
+    np.testing.assert_allclose(buf.probabilities(np.arange(20)), rank_probs(p, 0.7), rtol=1e-12)
+    buf.save(tmp_path / "before.fpk")
+    assert _freq_pvalue(buf, rank_probs(p, 0.7)) > P_MIN  # 300 samples: still rank
+    s = buf.sample(4)  # step 300: switched
+    assert buf.scheme == "proportional" and buf.alpha == 0.6
+    np.testing.assert_allclose(s.probabilities, proportional_probs(p, 0.6)[s.indices], rtol=1e-12)
+    assert _freq_pvalue(buf, proportional_probs(p, 0.6)) > P_MIN
+    np.testing.assert_array_equal(buf.priorities(np.arange(20)), p)  # same priorities and data
+    # the pending switch survived the checkpoint: the loaded buffer switches at step 300 too
+    loaded = fastper.load(tmp_path / "before.fpk")
+    assert loaded.scheme == "rank"
+    for _ in range(300):
+        loaded.sample(100)
+    loaded.sample(4)
+    assert loaded.scheme == "proportional"
+    # a switched buffer saves and loads as it is now, and can switch back
+    buf.save(tmp_path / "after.fpk")
+    back = fastper.load(tmp_path / "after.fpk")
+    assert back.scheme == "proportional"
+    assert back.sample(16).indices.tolist() == buf.sample(16).indices.tolist()
+    back.switch_scheme("rank", segments=True)
+    assert back.scheme == "rank" and back.sample(4).indices.size == 4
+
+
+def test_switch_scheme_is_checked_and_refusals_change_nothing():
+    buf = fastper.PrioritizedReplayBuffer(8, FIELDS, seed=0)
+    buf.add(_data(8))
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="`scheme` must be one of"):
+        buf.switch_scheme("uniform")
+    with pytest.raises(ValueError, match="`sort_every` must be >= 1"):
+        buf.switch_scheme("rank", sort_every=0)
+    assert_same_state(before, snapshot(buf))
+    with pytest.raises(ValueError, match="needs a prioritized buffer"):
+        fastper.ReplayBuffer(4, FIELDS).switch_scheme("rank")
+
+
+def test_priority_noise_multiplies_td_by_a_lognormal_factor():
+    sigma = 0.5
+    buf = fastper.PrioritizedReplayBuffer(
+        4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0
+    )
+    buf.add(_data(4096))
+    td = np.full(4096, 2.0)
+    buf.update_priorities(np.arange(4096), td)
+    z = np.log(buf.priorities(np.arange(4096)) / 2.0) / sigma
+    assert stats.kstest(z, "norm").pvalue > P_MIN
+    # a refused update leaves the generator (and everything else) as it was
+    before = snapshot(buf)
+    with pytest.raises(ValueError):
+        buf.update_priorities([0, 1], [1.0, np.nan])
+    assert_same_state(before, snapshot(buf))
+    # a schedule: no noise before step 10
+    quiet = fastper.PrioritizedReplayBuffer(
+        8, FIELDS, priority_noise=fastper.schedules.step([10], [0.0, 1.0]), eps=0.0, seed=0
+    )
+    quiet.add(_data(8))
+    quiet.update_priorities(np.arange(8), np.full(8, 3.0))
+    assert quiet.priorities(np.arange(8)).tolist() == [3.0] * 8
+
+
+# ---------------------------------------------------------------------------
+# storage protocol and states
+# ---------------------------------------------------------------------------
+
+
+class CountingStorage(Storage):
+    """A storage that counts its gathers: plugs in through ``storage=``."""
+
+    def __init__(self, fields, capacity):
+        super().__init__(fields, capacity)
+        self.gathered = 0
+
+    def gather(self, indices):
+        self.gathered += indices.shape[0]
+        return super().gather(indices)
+
+
+def test_a_storage_plugs_in_through_the_protocol():
+    buf = fastper.PrioritizedReplayBuffer(8, FIELDS, storage=CountingStorage, seed=0)
+    assert isinstance(buf.storage, CountingStorage)
+    buf.add(_data(5))
+    s = buf.sample(6)
+    assert buf.storage.gathered == 6 and s.data["x"].shape == (6,)
+    with pytest.raises(ValueError, match="`storage` must have capacity=8"):
+        fastper.PrioritizedReplayBuffer(8, FIELDS, storage=Storage(FIELDS, 9))
+    with pytest.raises(TypeError, match="`storage` must be a ReplayStorage"):
+        fastper.PrioritizedReplayBuffer(8, FIELDS, storage=lambda f, c: object())
+
+
+@pytest.mark.parametrize(
+    "cls", [fastper.ReplayBuffer, fastper.PrioritizedReplayBuffer, fastper.RankBasedReplayBuffer]
+)
+def test_state_dict_round_trip_and_a_refused_state_changes_nothing(cls):
+    buf = cls(16, FIELDS, seed=5)
+    buf.add(_data(20 - 4))
+    buf.add(_data(6, 100))  # wraps
+    s = buf.sample(8)
+    buf.update_priorities(s.indices, np.linspace(0.1, 2, 8), keys=s.keys)
+    state = buf.state_dict()
+    twin = fastper.from_state_dict(state)
+    assert twin.sample(8).indices.tolist() == buf.sample(8).indices.tolist()
+    other = cls(16, FIELDS, seed=1)
+    other.add(_data(3))
+    before = snapshot(other)
+    bad = dict(state, writer=dict(state["writer"], cursor=3))  # inconsistent ring
+    with pytest.raises(ValueError, match="inconsistent ring state"):
+        other.load_state_dict(bad)
+    assert_same_state(before, snapshot(other))
+    with pytest.raises(ValueError, match="settings"):
+        cls(32, FIELDS).load_state_dict(state)
+    other.load_state_dict(buf.state_dict())
+    assert other.sample(8).indices.tolist() == buf.sample(8).indices.tolist()
+    assert math.isclose(other.priorities([0])[0], buf.priorities([0])[0])
