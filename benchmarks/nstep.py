@@ -1,12 +1,12 @@
 """What an n-step add costs next to a plain add.
 
 Usage:
-    python benchmarks/nstep.py [--n 3] [--calls 2000] [--rounds 9] [--envs 4]
+    python benchmarks/nstep.py [--n 3] [--calls 20000] [--envs 4]
 
 CartPole-like fields with ``terminated`` and ``truncated``; rows cycle through
 a prepared trajectory with an episode end about every 100 steps (so flushes
-are in the mix). Each figure is the median over interleaved rounds of each
-round's median per-call time, in microseconds:
+are in the mix). The cases take turns call by call (so a busy machine slows
+them alike), and each figure is the median per-call time in microseconds:
 
 * ``storage``: ``Storage.prepare`` + its write (validate, cast, copy into the
   columns): what a plain add does besides the trees;
@@ -14,8 +14,9 @@ round's median per-call time, in microseconds:
   batch: the n-step writer's own cost;
 * ``n-step path``: ``coerce_batch`` + writer + the storage write of the
   completed transitions: ``storage`` plus what n-step adds;
-* ``buffer``: ``PrioritizedReplayBuffer.add``, plain vs n-step, once the
-  buffer takes ``env_ids=`` / ``n_envs=`` (skipped, with a note, before).
+* ``buffer``: ``PrioritizedReplayBuffer.add``, plain vs n-step (``env_ids=0``
+  for one row, ``n_envs`` for the vector step); skipped, with a note, by a
+  buffer that does not take them.
 
 Each for one row (one env) and for one step of a ``--envs`` vector env
 (``--envs`` rows, ``--envs`` streams).
@@ -24,7 +25,6 @@ Each for one row (one env) and for one step of a ``--envs`` vector env
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -147,33 +147,25 @@ def buffer_cases(n: int, rows: int, steps: list[dict[str, np.ndarray]]) -> dict[
     }
 
 
-def median_us(fn: Callable[[], object], calls: int) -> float:
-    clock = time.perf_counter_ns
-    times = np.empty(calls)
-    for i in range(calls):
-        t0 = clock()
-        fn()
-        times[i] = (clock() - t0) / 1e3
-    return float(np.median(times))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3)
     parser.add_argument("--envs", type=int, default=4)
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args(argv)
     fns = cases(args.n, args.envs)
     for fn in fns.values():  # compile and warm up
         for _ in range(200):
             fn()
-    results: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(args.rounds):
-        for name, fn in fns.items():
-            results[name].append(median_us(fn, args.calls))
-    med = {name: statistics.median(v) for name, v in results.items()}
-    print(f"# n={args.n}, medians over {args.rounds} rounds of {args.calls} calls, us/call")
+    clock = time.perf_counter_ns
+    times = np.empty((len(fns), args.calls))
+    for i in range(args.calls):
+        for j, fn in enumerate(fns.values()):
+            t0 = clock()
+            fn()
+            times[j, i] = clock() - t0
+    med = {name: float(np.median(times[j])) / 1e3 for j, name in enumerate(fns)}
+    print(f"# n={args.n}, medians of {args.calls} calls per case, taken in turns, us/call")
     print("| case | us/call |")
     print("|---|---:|")
     for name, v in med.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -139,3 +140,35 @@ def _to_numpy(value: Any) -> npt.NDArray[Any]:
 
 
 to_numpy = _to_numpy
+
+
+def as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
+    """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later."""
+    dtype = np.int64 if kinds == "iu" else np.float64
+    if type(value) is np.ndarray and value.dtype == dtype and value.ndim == 1:
+        return value  # the common case: arrays straight from a SampleBatch
+    arr = to_numpy(value)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
+    if arr.dtype.kind not in kinds and arr.size:
+        what = "integers" if kinds == "iu" else "real numbers"
+        raise TypeError(f"`{name}` must hold {what}, got {name} with dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"truncated": None}`` and ``{"truncated_key": None}`` both name a role."""
+    out: dict[str, Any] = {}
+    roles = ("reward", "next_obs", "terminated", "truncated")
+    for key, value in dict(nstep_keys or {}).items():
+        role = key[: -len("_key")] if key.endswith("_key") else key
+        if role not in roles:
+            raise ValueError(
+                f"`nstep_keys` names roles among {list(roles)}, got nstep_keys key {key!r}"
+            )
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"`nstep_keys` values must be field names or None, got {show(value)}")
+        out[f"{role}_key"] = value
+    return out

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import checkpoint as _ckpt
 from . import schedules as _sched
-from ._validation import check_int, check_real
+from ._validation import check_int, check_real, show
 from .errors import CheckpointError, ScheduleNotSerializableError
 from .nstep import NStepWriter
 from .samplers import PriorityMax, Sampler
@@ -117,7 +117,8 @@ class _SaveGuard:
 
 
 class StateMixin:
-    """The state half of a buffer (see the module docstring); used by ``buffers._Buffer``."""
+    """The state half of a buffer (see the module docstring): states, saves and
+    switching the sampling scheme; used by ``buffers._Buffer``."""
 
     kind: ClassVar[str] = ""
     _capacity: int
@@ -167,9 +168,80 @@ class StateMixin:
     ) -> Sampler:  # pragma: no cover - provided by the buffer
         raise NotImplementedError
 
-    @staticmethod
-    def _rank_options(sort_every: Any, segments: Any) -> dict[str, Any]:  # pragma: no cover
+    def _checked_alpha(self, value: Any) -> float:  # pragma: no cover - provided by the buffer
         raise NotImplementedError
+
+    # -- scheme switching ------------------------------------------------------
+    @locked
+    def switch_scheme(
+        self,
+        scheme: str,
+        *,
+        at_step: int | None = None,
+        alpha: _sched.ScheduleLike | None = None,
+        sort_every: int | None = None,
+        segments: bool = False,
+    ) -> None:
+        """Sample with another prioritized scheme from now (or from ``at_step``) on.
+
+        The seed design's recipe: rank-based early (robust to the cold start),
+        proportional later. Data, priorities, keys and the ring stay; only the
+        index over the priorities is rebuilt, once, O(N log N) at the switch.
+        A pending switch survives checkpoints; a later call replaces it.
+
+        Args:
+            scheme: ``"proportional"`` or ``"rank"``.
+            at_step: switch when :attr:`step` reaches it (checked at every
+                ``sample``, O(1)); ``None`` or a step already reached: now.
+            alpha: alpha (number or schedule) from the switch on; default:
+                keep the current schedule.
+            sort_every, segments: options of the rank-based scheme (see
+                :class:`RankBasedReplayBuffer`).
+
+        Raises:
+            ValueError, TypeError: an unknown scheme, a uniform buffer, bad options.
+        """
+        if self.kind == "uniform":
+            raise ValueError(
+                "`switch_scheme` needs a prioritized buffer, got a ReplayBuffer (uniform)"
+            )
+        if scheme not in SCHEMES:
+            raise ValueError(f"`scheme` must be one of {list(SCHEMES)}, got scheme={scheme!r}")
+        if at_step is not None:
+            at_step = check_int("at_step", at_step, minimum=0)
+        schedule = None if alpha is None else _sched.as_schedule("alpha", alpha)
+        options = self._rank_options(sort_every, segments) if scheme == "rank" else {}
+        pending = {"scheme": scheme, "at_step": at_step, "alpha": schedule, "options": options}
+        if at_step is None or at_step <= self._step:
+            self._switch(pending)
+        else:
+            self._pending_switch = pending
+
+    @staticmethod
+    def _rank_options(sort_every: Any, segments: Any) -> dict[str, Any]:
+        if sort_every is not None:
+            sort_every = check_int("sort_every", sort_every, minimum=1)
+        if not isinstance(segments, bool | np.bool_):
+            raise TypeError(f"`segments` must be a bool, got segments={show(segments)}")
+        return {"sort_every": sort_every, "segments": bool(segments)}
+
+    def _switch(self, pending: Mapping[str, Any]) -> None:
+        """Rebuild the index for ``pending["scheme"]``; checks first, so nothing changes on error."""
+        schedule = pending["alpha"] or self._alpha_schedule
+        alpha = self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
+        n = len(self)
+        new = self._build_sampler(
+            pending["scheme"], alpha, pending["options"], self._sampler.raw_leaves
+        )
+        new.check_priorities("priorities", self._sampler.raw[:n], alpha)
+        new.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
+        new.reset_priorities(self._sampler.raw[:n], n)
+        self._sampler = new
+        self._alpha_schedule = schedule
+        self._scheme = pending["scheme"]
+        self._scheme_options = dict(pending["options"])
+        self._pending_switch = None
+
 
     def _settings(self) -> dict[str, Any]:
         """Constructor arguments (JSON-able), schedules as ``schedules.to_dict``."""
@@ -196,7 +268,9 @@ class StateMixin:
     def _class_settings(self) -> dict[str, Any]:
         return {}
 
-    def _state_dict(self, storage_state: dict[str, Any]) -> dict[str, Any]:
+    def _state_dict(
+        self, storage_state: dict[str, Any], priorities_out: np.ndarray | None = None
+    ) -> dict[str, Any]:
         n = len(self)
         pending = self._pending_switch
         return {
@@ -222,7 +296,7 @@ class StateMixin:
                 "rng": self._rng.bit_generator.state,
             },
             "writer": self._writer.state_dict(),
-            "sampler": self._sampler.state_dict(n),
+            "sampler": self._sampler.state_dict(n, out=priorities_out),
             "storage": storage_state,
             "nstep": None if self._nstep is None else self._nstep.state_dict(),
         }
@@ -383,6 +457,9 @@ class StateMixin:
         first). Saves of one buffer run one at a time.
         """
         with self._save_lock:
+            # the priorities are copied under the lock: into pages touched before it
+            out = np.empty(len(self), dtype=np.float64)
+            out.fill(0.0)
             with self._lock:
                 pending = self._pending_switch
                 if pending is not None and pending["alpha"] is not None:
@@ -402,7 +479,7 @@ class StateMixin:
                     )
                     for name, f in self._storage.fields.items()
                 }
-                state = self._state_dict(storage_state)
+                state = self._state_dict(storage_state, priorities_out=out)
                 self._guards.append(guard)
             try:
                 _ckpt.write_state(path, state)

@@ -46,6 +46,9 @@ import numpy as np
 
 from . import schedules as _sched
 from ._validation import (
+    as_1d as _as_1d,
+)
+from ._validation import (
     as_index_array,
     as_value_array,
     check_int,
@@ -53,8 +56,11 @@ from ._validation import (
     show,
     to_numpy,
 )
+from ._validation import (
+    nstep_key_args as _nstep_key_args,
+)
 from .batch import SampleBatch
-from .buffer_state import SCHEMES, StateMixin, StorageLike, locked
+from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
 from .nstep import NStepWriter
 from .samplers import (
@@ -77,38 +83,6 @@ _AUTO_ALPHA_SLOTS = 256  # alpha_every default: re-weigh at most 256 slots per s
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
-
-
-def _as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
-    """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later."""
-    dtype = np.int64 if kinds == "iu" else np.float64
-    if type(value) is np.ndarray and value.dtype == dtype and value.ndim == 1:
-        return value  # the common case: arrays straight from a SampleBatch
-    arr = to_numpy(value)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
-    if arr.dtype.kind not in kinds and arr.size:
-        what = "integers" if kinds == "iu" else "real numbers"
-        raise TypeError(f"`{name}` must hold {what}, got {name} with dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=dtype)
-
-
-def _nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``{"truncated": None}`` and ``{"truncated_key": None}`` both name a role."""
-    out: dict[str, Any] = {}
-    roles = ("reward", "next_obs", "terminated", "truncated")
-    for key, value in dict(nstep_keys or {}).items():
-        role = key[: -len("_key")] if key.endswith("_key") else key
-        if role not in roles:
-            raise ValueError(
-                f"`nstep_keys` names roles among {list(roles)}, got nstep_keys key {key!r}"
-            )
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"`nstep_keys` values must be field names or None, got {show(value)}")
-        out[f"{role}_key"] = value
-    return out
 
 
 class _Buffer(StateMixin):
@@ -200,7 +174,9 @@ class _Buffer(StateMixin):
         self._sampler = self._build_sampler(self.kind, alpha0, self._scheme_options, None)
         self._pending_switch: dict[str, Any] | None = None
         self._max_seen = 1.0  # largest priority ever recorded ("ever" policy)
-        self._current_max = PriorityMax(self._sampler.raw_leaves) if self._max_policy == "current" else None
+        self._current_max = (
+            PriorityMax(self._sampler.raw_leaves) if self._max_policy == "current" else None
+        )
         self._stale_updates = 0
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
@@ -398,73 +374,6 @@ class _Buffer(StateMixin):
         schedule = _sched.as_schedule("beta", beta)
         self._check_beta(schedule(self._step))
         self._beta_schedule = schedule
-
-    # -- scheme switching ------------------------------------------------------
-    @locked
-    def switch_scheme(
-        self,
-        scheme: str,
-        *,
-        at_step: int | None = None,
-        alpha: _sched.ScheduleLike | None = None,
-        sort_every: int | None = None,
-        segments: bool = False,
-    ) -> None:
-        """Sample with another prioritized scheme from now (or from ``at_step``) on.
-
-        The seed design's recipe: rank-based early (robust to the cold start),
-        proportional later. Data, priorities, keys and the ring stay; only the
-        index over the priorities is rebuilt, once, O(N log N) at the switch.
-        A pending switch survives checkpoints; a later call replaces it.
-
-        Args:
-            scheme: ``"proportional"`` or ``"rank"``.
-            at_step: switch when :attr:`step` reaches it (checked at every
-                ``sample``, O(1)); ``None`` or a step already reached: now.
-            alpha: alpha (number or schedule) from the switch on; default:
-                keep the current schedule.
-            sort_every, segments: options of the rank-based scheme (see
-                :class:`RankBasedReplayBuffer`).
-
-        Raises:
-            ValueError, TypeError: an unknown scheme, a uniform buffer, bad options.
-        """
-        if self.kind == "uniform":
-            raise ValueError("`switch_scheme` needs a prioritized buffer, got a ReplayBuffer (uniform)")
-        if scheme not in SCHEMES:
-            raise ValueError(f"`scheme` must be one of {list(SCHEMES)}, got scheme={scheme!r}")
-        if at_step is not None:
-            at_step = check_int("at_step", at_step, minimum=0)
-        schedule = None if alpha is None else _sched.as_schedule("alpha", alpha)
-        options = self._rank_options(sort_every, segments) if scheme == "rank" else {}
-        pending = {"scheme": scheme, "at_step": at_step, "alpha": schedule, "options": options}
-        if at_step is None or at_step <= self._step:
-            self._switch(pending)
-        else:
-            self._pending_switch = pending
-
-    @staticmethod
-    def _rank_options(sort_every: Any, segments: Any) -> dict[str, Any]:
-        if sort_every is not None:
-            sort_every = check_int("sort_every", sort_every, minimum=1)
-        if not isinstance(segments, bool | np.bool_):
-            raise TypeError(f"`segments` must be a bool, got segments={show(segments)}")
-        return {"sort_every": sort_every, "segments": bool(segments)}
-
-    def _switch(self, pending: Mapping[str, Any]) -> None:
-        """Rebuild the index for ``pending["scheme"]``; checks first, so nothing changes on error."""
-        schedule = pending["alpha"] or self._alpha_schedule
-        alpha = self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
-        n = len(self)
-        new = self._build_sampler(pending["scheme"], alpha, pending["options"], self._sampler.raw_leaves)
-        new.check_priorities("priorities", self._sampler.raw[:n], alpha)
-        new.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
-        new.reset_priorities(self._sampler.raw[:n], n)
-        self._sampler = new
-        self._alpha_schedule = schedule
-        self._scheme = pending["scheme"]
-        self._scheme_options = dict(pending["options"])
-        self._pending_switch = None
 
     # -- priorities ------------------------------------------------------------
     def _priority_from_td(self, td: np.ndarray) -> np.ndarray:
@@ -758,6 +667,7 @@ class _Buffer(StateMixin):
             f"fields={list(self._storage.fields)}, alpha={self.alpha:g})"
         )
 
+
 class ReplayBuffer(_Buffer):
     """Uniform replay: P(i) = 1/N, importance weights all 1.
 
@@ -905,4 +815,3 @@ class RankBasedReplayBuffer(_Buffer):
         """1-based rank of each slot in the order the next sample uses. O(B log N)."""
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
         return self._rank_sampler().ranks(idx, len(self)) + 1
-

@@ -57,20 +57,27 @@ def _inspect(args: argparse.Namespace) -> int:
         print(json.dumps(meta, indent=2, sort_keys=True))
         return 0
     st = meta["state"]
+    settings, buf, writer = st["settings"], st["buffer"], st["writer"]
+    nstep = st.get("nstep") or {}
     print(f"checkpoint:   {args.checkpoint}")
     print(f"format:       v{meta['format_version']} (written by fastper {meta['fastper_version']})")
-    print(f"buffer:       {meta['buffer']}, capacity {meta['capacity']}, {st['size']} stored")
+    print(
+        f"buffer:       {st['kind']} (sampling: {buf['scheme']}), capacity "
+        f"{settings['capacity']}, {writer['size']} stored"
+    )
     print(
         "fields:       "
-        + ", ".join(f"{n} {tuple(f['shape'])} {f['dtype']}" for n, f in meta["fields"])
+        + ", ".join(f"{n} {tuple(f['shape'])} {f['dtype']}" for n, f in settings["fields"])
     )
-    print(f"settings:     {json.dumps(meta['settings'], sort_keys=True)}")
-    print(f"alpha:        {st['alpha']} ({json.dumps(meta['alpha_schedule'])})")
-    print(f"beta:         {json.dumps(meta['beta_schedule'])}")
+    rest = {k: v for k, v in settings.items() if k not in ("capacity", "fields")}
+    print(f"settings:     {json.dumps(rest, sort_keys=True)}")
+    print(f"alpha:        {st['sampler'].get('alpha')} ({json.dumps(st['schedules']['alpha'])})")
+    print(f"beta:         {json.dumps(st['schedules']['beta'])}")
+    pending = "-" if not nstep else f"{len(nstep.get('stream_ids', []) or [])} stream(s)"
     print(
-        f"state:        cursor {st['cursor']}, added {st['total_added']}, step {st['step']}, "
-        f"max priority {st['max_priority']}, stale updates {st['stale_updates']}, "
-        f"n-step pending {st['n_pending']}"
+        f"state:        cursor {writer['cursor']}, added {writer['total_added']}, step "
+        f"{buf['step']}, max priority ever {buf['max_priority_ever']}, stale updates "
+        f"{buf['stale_updates']}, n-step {pending}"
     )
     print("arrays:")
     for a in meta["arrays"]:

@@ -68,6 +68,9 @@ import numpy as np
 from ._kernels import nstep as _nk
 from ._validation import check_int, check_real, show, to_numpy
 from .storage import Field
+from .vector import SAME_STEP_MESSAGE as _SAME_STEP
+from .vector import autoreset_mode as autoreset_mode  # re-exported: fastper.nstep.autoreset_mode
+from .vector import mode_name as _mode_name
 
 REWARD_KEYS = ("reward", "rewards", "rew")
 NEXT_OBS_KEYS = ("next_obs", "next_observation", "next_observations", "next_state")
@@ -89,56 +92,6 @@ FIND: Final = _Find.FIND
 """Default of ``terminated_key`` / ``truncated_key``: look the field up by name."""
 
 KeyArg = str | None | Literal[_Find.FIND]
-
-_SAME_STEP = (
-    "autoreset mode SAME_STEP is not supported: under SAME_STEP the vector env returns "
-    "the reset observation in place of the final one, so next_obs of every episode's "
-    "last step would be wrong. Use autoreset_mode=NEXT_STEP (Gymnasium's default) with "
-    "autoreset='next_step', or substitute infos['final_obs'] into next_obs for the envs "
-    "that ended and pass autoreset=None"
-)
-
-
-def _mode_name(mode: Any) -> str | None:
-    """'next_step' / 'same_step' / 'disabled' from an enum, its name or value."""
-    for cand in (getattr(mode, "name", None), getattr(mode, "value", None), mode):
-        if isinstance(cand, str):
-            key = cand.lower().replace("_", "").replace("-", "").replace(" ", "")
-            if key in ("nextstep", "samestep", "disabled"):
-                return {"nextstep": "next_step", "samestep": "same_step"}.get(key, key)
-    return None
-
-
-def autoreset_mode(env: Any) -> str | None:
-    """The ``autoreset`` setting for a Gymnasium vector env. O(1).
-
-    Reads ``env.metadata["autoreset_mode"]`` (an ``AutoresetMode`` enum,
-    duck-typed: gymnasium is not imported).
-
-    Returns:
-        ``"next_step"`` for ``NEXT_STEP``, ``None`` for ``DISABLED``.
-
-    Raises:
-        ValueError: ``SAME_STEP`` (the message says what to do instead), an
-            unknown mode, or no ``autoreset_mode`` in the metadata.
-    """
-    metadata = getattr(env, "metadata", None)
-    if not isinstance(metadata, Mapping) or "autoreset_mode" not in metadata:
-        raise ValueError(
-            f"cannot tell the autoreset mode of {show(env)}: its metadata has no "
-            "'autoreset_mode' (Gymnasium >= 1.1 sets it; 1.0 vector envs always reset on "
-            "the next step: pass autoreset='next_step')"
-        )
-    mode = metadata["autoreset_mode"]
-    name = _mode_name(mode)
-    if name == "same_step":
-        raise ValueError(_SAME_STEP)
-    if name is None:
-        raise ValueError(
-            f"autoreset_mode must be NEXT_STEP, SAME_STEP or DISABLED, got {show(mode)}"
-        )
-    return None if name == "disabled" else name
-
 
 def _find(fields: Mapping[str, Field], names: tuple[str, ...]) -> str | None:
     for name in names:
@@ -355,7 +308,7 @@ class NStepWriter:
         return np.array([self.gamma**j for j in range(min(self.n, w + 1) + 1)])
 
     def _reset_streams(self, cap: int, w: int) -> None:
-        """Forget every stream; room for ``cap`` (with n_envs: register them)."""
+        """Forget every stream; room for ``cap`` streams with rings of ``w`` rows."""
         self._cap, self._w = cap, max(w, 1)
         self._gpow = self._powers(self._w)
         self._gpow_list = self._gpow.tolist()
@@ -386,7 +339,8 @@ class NStepWriter:
 
     @property
     def n_streams(self) -> int:
-        """Streams known (with ``n_envs``: ``n_envs``); 0 when none carry state. O(1)."""
+        """Streams seen (with ``n_envs``: all from the first add on; none when n == 1
+        without autoreset, where streams carry no state). O(1)."""
         return self._n_rows
 
     @property
@@ -456,7 +410,7 @@ class NStepWriter:
                     "got env_ids=None and n_envs=None"
                 )
             sid = 0
-        elif type(env_ids) is int and k == 1 and env_ids >= 0:
+        elif type(env_ids) is int and k == 1 and 0 <= env_ids < 2**63:
             sid = env_ids  # the common one-actor call, without numpy
         else:
             ids = self._check_ids(k, env_ids)
@@ -670,13 +624,14 @@ class NStepWriter:
                 out[name] = dout[:m]
         return out
 
-    def _pending_rows(self, meta: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _pending_rows(meta: np.ndarray, w: int) -> np.ndarray:
         """Flat ring rows of every pending step (streams in order, oldest first)
-        for ``meta`` and a ring of ``w`` rows; and each step's stream row."""
+        for the streams' ``meta`` and rings of ``w`` rows. O(streams + pending)."""
         lengths = meta[:, _nk.LENGTH]
         rep = np.repeat(np.arange(meta.shape[0], dtype=np.int64), lengths)
         within = np.arange(rep.shape[0], dtype=np.int64) - (np.cumsum(lengths) - lengths)[rep]
-        return rep * w + (meta[rep, _nk.CLOCK] - lengths[rep] + within) % w, rep
+        return rep * w + (meta[rep, _nk.CLOCK] - lengths[rep] + within) % w
 
     def _grown(self, cap: int, w: int) -> tuple[Any, ...]:
         """Copies of the per-stream arrays with room for ``cap`` streams (doubling)
@@ -688,8 +643,8 @@ class NStepWriter:
         meta[:used] = self._meta[:used]
         ids = np.zeros(cap, dtype=np.int64)
         ids[:used] = self._ids[:used]
-        src, rep = self._pending_rows(self._meta[:used], self._w)
-        dst = self._pending_rows(self._meta[:used], w)[0]
+        src = self._pending_rows(self._meta[:used], self._w)
+        dst = self._pending_rows(self._meta[:used], w)
         win = {}
         for name, arr in self._win.items():
             win[name] = np.zeros((cap * w, *arr.shape[1:]), dtype=arr.dtype)
@@ -816,7 +771,7 @@ class NStepWriter:
         first.
         """
         meta = self._meta[: self._n_rows]
-        idx = self._pending_rows(meta, self._w)[0]
+        idx = self._pending_rows(meta, self._w)
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "stream_ids": self._ids[: self._n_rows].copy(),
@@ -865,7 +820,7 @@ class NStepWriter:
             self._meta[: self._n_rows, _nk.CLOCK] = longest
         self._meta[rows, _nk.LENGTH] = lengths
         self._meta[rows, _nk.SKIP] = skip
-        idx = self._pending_rows(self._meta[: self._n_rows], self._w)[0]
+        idx = self._pending_rows(self._meta[: self._n_rows], self._w)
         for name in self._window_keys:
             self._win[name][idx] = pending[name]
         if self._reward_size:

@@ -61,6 +61,16 @@ def new_priorities(capacity: int) -> np.ndarray:
     return _tk.aligned_full(n_leaves, 0.0)
 
 
+def copy_priorities(raw: np.ndarray, n: int, out: np.ndarray | None) -> np.ndarray:
+    """``raw[:n]`` copied, into ``out`` when it is given (pages the caller touched
+    before taking a lock: a save copies 8 bytes per slot while holding it)."""
+    if out is None or out.shape[0] < n or out.dtype != np.float64:
+        return raw[:n].copy()
+    dest = out[:n]
+    dest[...] = raw[:n]
+    return dest
+
+
 def _normalised_weights(
     prob: np.ndarray, pmin: float, n: int, beta: float, norm: int
 ) -> np.ndarray:
@@ -201,9 +211,10 @@ class Sampler:
         self.set_alpha(self.alpha, n)
 
     # checkpoints: JSON-able values and top-level numpy arrays
-    def state_dict(self, n: int) -> dict[str, Any]:
-        """Priorities of the first ``n`` slots (a copy) and the alpha in force. O(N)."""
-        return {"alpha": self.alpha, "priorities": self.raw[:n].copy()}
+    def state_dict(self, n: int, out: np.ndarray | None = None) -> dict[str, Any]:
+        """Priorities of the first ``n`` slots (a copy, into ``out[:n]`` if given) and
+        the alpha in force. O(N)."""
+        return {"alpha": self.alpha, "priorities": copy_priorities(self.raw, n, out)}
 
     def state_targets(self, n: int) -> dict[str, np.ndarray]:
         """Where a loader may read this state's arrays in place (views of own memory)."""
@@ -368,8 +379,10 @@ class RankSampler(Sampler):
     priority (a delete and an insert), the slot at a rank and the rank of a
     slot each cost O(log N), amortised (nodes come from fixed pools that are
     compacted in O(N) after at least N/6 inserts). A draw picks a rank from
-    the exact law by a binary search over the prefix sums of ``r^-alpha``
-    (O(log N)), then the slot at that rank (O(log N)).
+    the exact law by inverting the prefix sums of ``r^-alpha`` with a guide
+    table (O(1) expected, O(log N) at worst), then the slot at that rank
+    (O(log N)). An update of the slots just sampled deletes their old keys
+    along the paths the sample took, without searching for them again.
 
     ``sort_every=None`` (exact, the default): every write re-ranks its slots
     at once. ``sort_every=K``: priority updates of slots already stored stay
@@ -385,11 +398,12 @@ class RankSampler(Sampler):
     than ``B`` it falls back to exact draws.
 
     Memory per slot, beyond the 8-byte raw priority: 8 (``ranked``, the
-    priority a slot is ranked by), 8 (``prefix``, the rank weights' prefix
-    sums), 1 + 4 (pending mark and list), and the tree: its leaf pool holds
-    2 keys of 12 bytes per slot (24 bytes; about 17 are touched when the
-    tree is 3/4 full, since untouched pages of the pool are never mapped)
-    plus about 2.5 bytes of inner nodes: about 54 bytes reserved, 47 in use.
+    priority each slot is ranked by), 8 + 1 (``prefix``, the prefix sums of
+    ``r^-alpha``, and its guide table), 1 + 4 (pending mark and list), and
+    the tree: a leaf pool with room for 2 keys of 12 bytes per slot (24
+    bytes, of which a tree 3/4 full touches 16: pages never written are not
+    mapped) and about 2.5 bytes of inner nodes. About 57 bytes reserved,
+    about 49 in use.
     """
 
     kind = "rank"
@@ -463,7 +477,9 @@ class RankSampler(Sampler):
         with ``sort_every``; otherwise ``sort_every`` defers their re-ranking.
         """
         defer = self.sort_every is not None and not new
-        t, ranked, raw, pending, plist = self._tree, self.ranked, self.raw, self.pending, self._plist
+        t, ranked, raw, pending, plist = (
+            self._tree, self.ranked, self.raw, self.pending, self._plist,
+        )  # fmt: skip
         self._run(
             lambda k: _rk.write(
                 *t, ranked, raw, pending, plist, slots[k:], p[k:], defer, *self._warm_state
@@ -474,9 +490,7 @@ class RankSampler(Sampler):
     def write_run(self, start: int, count: int, p: float) -> None:
         """New transitions in slots ``start .. start+count-1``: priority ``p``, ranked now."""
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
-        self._run(
-            lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count
-        )
+        self._run(lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count)
 
     def set_alpha(self, alpha: float, n: int) -> None:
         """New alpha: the ranks stay, their weights are recomputed. O(N)."""
@@ -517,7 +531,7 @@ class RankSampler(Sampler):
         """Every ranked slot, best rank first (a copy, for inspection). O(N)."""
         keys_p = np.empty(self.m, dtype=np.float64)
         keys_s = np.empty(self.m, dtype=np.int32)
-        _rk.read_in_order(*self._tree, keys_p, keys_s)
+        _rk.read_in_order(*(*self._tree, keys_p, keys_s))
         return keys_s.astype(np.int64)
 
     def ranks(self, idx: np.ndarray, n: int) -> np.ndarray:
@@ -528,9 +542,7 @@ class RankSampler(Sampler):
         _rk.rank_of(*self._tree, self.ranked, idx, out)
         return out
 
-    def probabilities(
-        self, idx: np.ndarray, n: int, batch_size: int | None = None
-    ) -> np.ndarray:
+    def probabilities(self, idx: np.ndarray, n: int, batch_size: int | None = None) -> np.ndarray:
         """P(i) of one draw for each slot in ``idx``, under the law ``sample`` uses.
 
         Exact draws: ``rank^-alpha / sum_r r^-alpha`` (``batch_size`` unused).
@@ -540,15 +552,14 @@ class RankSampler(Sampler):
         Raises:
             ValueError: a segments sampler, no ``batch_size`` and no sample yet.
         """
-        if self.segments:
-            b = self.last_batch_size if batch_size is None else batch_size
-            if b is None:
-                raise ValueError(
-                    "`batch_size` must be given before the first sample of a segments=True "
-                    "buffer (its law depends on the batch size), got batch_size=None"
-                )
+        b = self.last_batch_size if batch_size is None else batch_size
+        if self.segments and b is None:
+            raise ValueError(
+                "`batch_size` must be given before the first sample of a segments=True "
+                "buffer (its law depends on the batch size), got batch_size=None"
+            )
         r = self.ranks(idx, n)
-        if self.segments and n >= b:
+        if self.segments and b is not None and n >= b:
             bounds = self._bounds(n, b)
             seg = np.searchsorted(bounds, r, side="right") - 1
             return 1.0 / (b * np.diff(bounds)[seg].astype(np.float64))
@@ -616,7 +627,7 @@ class RankSampler(Sampler):
     def _rebuild(self, n: int) -> None:
         """The tree from ``ranked[:n]``: a stable sort, then a bulk load. O(N log N)."""
         slots = np.argsort(-self.ranked[:n], kind="stable")
-        _rk.bulk_load(*self._tree, self.ranked[slots], slots.astype(np.int32))
+        _rk.bulk_load(*(*self._tree, self.ranked[slots], slots.astype(np.int32)))
 
     def _set_ranked(self, n: int, slots: np.ndarray, old: np.ndarray) -> None:
         """Rank slots ``0..n-1`` by ``raw``, the ``slots`` pending with keys ``old``."""
@@ -656,19 +667,19 @@ class RankSampler(Sampler):
         "last_batch_size",
     )  # fmt: skip
 
-    def state_dict(self, n: int) -> dict[str, Any]:
+    def state_dict(self, n: int, out: np.ndarray | None = None) -> dict[str, Any]:
         """What the order cannot be rebuilt without, over slots ``0..n-1``. O(N).
 
-        ``alpha``; ``priorities``: raw p_i; ``pending_slots`` (ascending) and
-        ``pending_ranked``: the slots whose re-ranking waits for the next sort
-        and the priority each is ranked by until then; ``samples_since_sort``;
-        ``last_batch_size`` (None before the first sample). The tree itself is
-        rebuilt on load.
+        ``alpha``; ``priorities``: raw p_i (a copy, into ``out[:n]`` if given);
+        ``pending_slots`` (ascending) and ``pending_ranked``: the slots whose
+        re-ranking waits for the next sort and the priority each is ranked by
+        until then; ``samples_since_sort``; ``last_batch_size`` (None before
+        the first sample). The tree itself is rebuilt on load.
         """
         pend = np.flatnonzero(self.pending[:n]).astype(np.int64)
         return {
             "alpha": self.alpha,
-            "priorities": self.raw[:n].copy(),
+            "priorities": copy_priorities(self.raw, n, out),
             "pending_slots": pend,
             "pending_ranked": self.ranked[pend].copy(),
             "samples_since_sort": int(self.samples_since_sort),
@@ -696,7 +707,8 @@ class RankSampler(Sampler):
         if not 0 <= n <= self.capacity:
             raise ValueError(f"`n` must be in [0, {self.capacity}], got n={n}")
         alpha = state["alpha"]
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha < math.inf:
+        number = isinstance(alpha, int | float) and not isinstance(alpha, bool)
+        if not (number and 0 <= alpha < math.inf):
             raise ValueError(f"`alpha` must be a finite number >= 0, got alpha={alpha!r}")
         p = check_priority_array("priorities", state["priorities"], n)
         slots = state["pending_slots"]

@@ -253,3 +253,22 @@ def test_state_dict_round_trip_and_a_refused_state_changes_nothing(cls):
     other.load_state_dict(buf.state_dict())
     assert other.sample(8).indices.tolist() == buf.sample(8).indices.tolist()
     assert math.isclose(other.priorities([0])[0], buf.priorities([0])[0])
+
+
+@pytest.mark.parametrize("path", ["new", "v1_nstep.fpk"])
+def test_inspect_prints_both_format_versions(tmp_path, capsys, path):
+    from pathlib import Path
+
+    from fastper.cli import main
+
+    if path != "new":  # a frozen format-1 file (its array table keeps the old names)
+        path = str(Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / path)
+    else:
+        buf = fastper.RankBasedReplayBuffer(8, FIELDS, seed=0)
+        buf.add(_data(5))
+        path = str(tmp_path / "i.fpk")
+        buf.save(path)
+    assert main(["inspect", path, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "checksum:     ok" in out and ("storage/columns/x" in out or "data/obs" in out)
+    assert ("v2" in out and "5 stored" in out) or ("v1" in out and "16 stored" in out)

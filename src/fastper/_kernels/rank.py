@@ -108,9 +108,10 @@ def pools(capacity: int) -> tuple[int, int]:
     """(leaf pool, inner pool) sizes for ``capacity`` slots.
 
     Leaves: twice what ``capacity`` keys need at 3/4 fill, plus slack. Inner
-    nodes: every inner node but the root holds at least 6 children (bulk loads
-    fill 12, splits leave 4 or more on one side only when appending, nothing
-    is ever removed), so a quarter of the leaves plus the height bounds them.
+    nodes: a quarter of the leaf pool, far more than a tree 3/4 full uses
+    (1/12 of its leaves, then 1/144, ..). A pool that runs out triggers a
+    compaction; an inner split needs at least F/4 leaf splits below it, so
+    the inner pool never runs out sooner than the leaf pool's bound allows.
     """
     n_leaves = -(-2 * capacity // L) + 4
     n_inner = n_leaves // 4 + 64
@@ -623,9 +624,9 @@ def _lookup(stab, s):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _warm(
-    meta, lp, ls, ip, isl, ic, ich, ranked, raw, slots, p, from_raw, j0, j1, paths, how,
-    sample, stab, spaths,
-):  # pragma: no cover - compiled
+    meta, lp, ls, ip, isl, ic, ich, ranked, raw, pending, slots, p, from_raw, j0, j1, paths,
+    how, sample, stab, spaths,
+):  # fmt: skip  # pragma: no cover - compiled
     """Route both keys of each change ``slots[j0:j1]`` at once, prefetching as they go.
 
     The new priority of ``slots[j]`` is ``raw[s]`` if ``from_raw`` else
@@ -649,16 +650,18 @@ def _warm(
     use_sample = sample[0] > 0 and sample[1] == meta[VERSION]
     for j in range(j0, j1):
         s = slots[j]
-        prefetch(ranked, s)
-        if from_raw:
-            prefetch(raw, s)
+        prefetch(ranked, s)  # the change reads these three
+        prefetch(raw, s)
+        prefetch(pending, s)
         how[j - j0] = 0
         if use_sample:
             k = _lookup(stab, s)
             if k >= 0:
                 off = 2 * MAXH * (j - j0)
                 for level in range(h):
-                    paths[off + level] = spaths[k * MAXH + level]
+                    q = spaths[k * MAXH + level]
+                    paths[off + level] = q
+                    prefetch(ic, q)  # the delete decrements these counts
                 _fetch(lp, ls, ip, ic, ich, ich[paths[off + h - 1]], 0)
                 how[j - j0] = 1
     root = meta[ROOT]
@@ -731,7 +734,7 @@ def _compact_pending(meta, pending, plist):  # pragma: no cover - compiled
 def write(
     meta, lp, ls, ip, isl, ic, ich, inn, ranked, raw, pending, plist, slots, p, defer, paths,
     how, sample, stab, spaths,
-):  # pragma: no cover - compiled
+):  # fmt: skip  # pragma: no cover - compiled
     """Set ``raw[slots] = p`` in order (the last duplicate wins) and re-rank the slots.
 
     With ``defer``, a slot already in the tree keeps its key and is only
@@ -749,7 +752,7 @@ def write(
     version = -1
     for k in range(b):
         if not defer and k % WARM == 0:
-            _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, slots, p, False, k,
+            _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, pending, slots, p, False, k,
                   min(k + WARM, b), paths, how, sample, stab, spaths)  # fmt: skip
             version = meta[VERSION] if meta[HEIGHT] <= MAXH else -1
         s = slots[k]
@@ -801,7 +804,7 @@ def write_run(
 def apply_pending(
     meta, lp, ls, ip, isl, ic, ich, inn, ranked, raw, pending, plist, paths, how, sample, stab,
     spaths,
-):  # pragma: no cover - compiled
+):  # fmt: skip  # pragma: no cover - compiled
     """Re-rank every pending slot by its current raw priority. O(k log N), amortised.
 
     Returns 1 when done, 0 when the pools ran out (:func:`compact`, then call
@@ -811,7 +814,7 @@ def apply_pending(
     version = -1
     for j in range(m):
         if j % WARM == 0:
-            _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, plist, raw, True, j,
+            _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, pending, plist, raw, True, j,
                   min(j + WARM, m), paths, how, sample, stab, spaths)  # fmt: skip
             version = meta[VERSION] if meta[HEIGHT] <= MAXH else -1
         s = plist[j]
@@ -877,7 +880,9 @@ def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pra
 
 
 @njit(**_HOT)
-def select(meta, lp, ls, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pragma: no cover
+def select(
+    meta, lp, ls, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, stab
+):  # pragma: no cover - compiled
     """``out[k]`` = the slot at 0-based rank ``ranks[k]``; see :func:`_select`."""
     _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab)
 
@@ -958,7 +963,7 @@ def _find_rank(prefix, n, t, r):  # pragma: no cover - compiled
 def sample_exact(
     meta, lp, ls, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, stratified, alpha, ranks,
     node, rem, out, prob, spaths, stab,
-):  # pragma: no cover - compiled
+):  # fmt: skip  # pragma: no cover - compiled
     """Draw ranks from P(r) = (r + 1)^-alpha / prefix[n - 1] (0-based r), then their slots.
 
     ``u``: uniforms in [0, 1); stratified: draw ``k`` lands in the ``k``-th of
