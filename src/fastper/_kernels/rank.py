@@ -396,7 +396,9 @@ def _delete(meta, lp, ls, ip, isl, ic, ich, inn, p, s):  # pragma: no cover - co
 @njit(cache=True, nogil=True, inline="always")
 def _delete_at(meta, lp, ls, ic, ich, path, off, p, s):  # pragma: no cover - compiled
     """:func:`_delete` along a recorded path (``path[off + level]``: the child
-    position taken at each level, top down), without routing again.
+    position taken at each level, top down), without routing again; the
+    key's position in its leaf is looked up only if ``path[off + MAXH - 1]``
+    (a hint, or -1) does not hold it.
 
     False, with nothing changed, if the key is not in the leaf the path ends
     at: the path was recorded for another key of the slot.
@@ -405,10 +407,12 @@ def _delete_at(meta, lp, ls, ic, ich, path, off, p, s):  # pragma: no cover - co
     q = path[off + h - 1]
     leaf = ich[q]
     n = ic[q]
-    pos = _leaf_pos(lp, ls, leaf, p, s) - 1
     base = leaf * L
-    if pos < 0 or lp[base + pos] != p or ls[base + pos] != s:
-        return False
+    pos = path[off + MAXH - 1]
+    if not (0 <= pos < n and lp[base + pos] == p and ls[base + pos] == s):
+        pos = _leaf_pos(lp, ls, leaf, p, s) - 1
+        if pos < 0 or lp[base + pos] != p or ls[base + pos] != s:
+            return False
     for level in range(h):
         ic[path[off + level]] -= 1
     _move(lp, base + pos, base + pos + 1, n - 1 - pos)
@@ -645,7 +649,7 @@ def _warm(
     happened since: updates usually come for the slots just sampled.
     """
     h = meta[HEIGHT]
-    if h > MAXH:  # pragma: no cover - unreachable below 2^31 slots: route in the change
+    if h >= MAXH:  # pragma: no cover - unreachable below 2^31 slots: route in the change
         return
     use_sample = sample[0] > 0 and sample[1] == meta[VERSION]
     for j in range(j0, j1):
@@ -653,16 +657,24 @@ def _warm(
         prefetch(ranked, s)  # the change reads these three
         prefetch(raw, s)
         prefetch(pending, s)
+        off = 2 * MAXH * (j - j0)
         how[j - j0] = 0
+        paths[off + MAXH - 1] = -1  # no position hint
         if use_sample:
             k = _lookup(stab, s)
             if k >= 0:
-                off = 2 * MAXH * (j - j0)
                 for level in range(h):
                     q = spaths[k * MAXH + level]
                     paths[off + level] = q
                     prefetch(ic, q)  # the delete decrements these counts
-                _fetch(lp, ls, ip, ic, ich, ich[paths[off + h - 1]], 0)
+                pos = spaths[k * MAXH + MAXH - 1]
+                paths[off + MAXH - 1] = pos
+                # the delete reads the key at ``pos`` and moves the keys after it
+                base = ich[paths[off + h - 1]] * L
+                for jj in range(pos - pos % 8, L, 8):
+                    prefetch(lp, base + jj)
+                for jj in range(pos - pos % 16, L, 16):
+                    prefetch(ls, base + jj)
                 how[j - j0] = 1
     root = meta[ROOT]
     for level in range(h):
@@ -754,7 +766,7 @@ def write(
         if not defer and k % WARM == 0:
             _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, pending, slots, p, False, k,
                   min(k + WARM, b), paths, how, sample, stab, spaths)  # fmt: skip
-            version = meta[VERSION] if meta[HEIGHT] <= MAXH else -1
+            version = meta[VERSION] if meta[HEIGHT] < MAXH else -1
         s = slots[k]
         v = p[k]
         if defer and ranked[s] >= 0.0:
@@ -816,7 +828,7 @@ def apply_pending(
         if j % WARM == 0:
             _warm(meta, lp, ls, ip, isl, ic, ich, ranked, raw, pending, plist, raw, True, j,
                   min(j + WARM, m), paths, how, sample, stab, spaths)  # fmt: skip
-            version = meta[VERSION] if meta[HEIGHT] <= MAXH else -1
+            version = meta[VERSION] if meta[HEIGHT] < MAXH else -1
         s = plist[j]
         if pending[s]:
             code = _change_warm(meta, lp, ls, ip, isl, ic, ich, inn, ranked, s, raw[s], paths,
@@ -841,10 +853,11 @@ def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pra
     All ranks descend together, one level at a time; each prefetches the
     lines its next level reads, so the misses of a batch overlap.
     ``node`` / ``rem``: int64 scratch, as long as ``ranks``. The path taken
-    (child position per level, top down) is recorded in ``spaths[k * MAXH
-    ..]`` (``len(ranks) * MAXH`` int64) and ``k`` under its slot in the hash
-    table ``stab`` (see :func:`_lookup`): a later update of these slots
-    deletes their keys along it instead of routing (:func:`_warm`).
+    (child position per level, top down) and, last, the position in the leaf
+    are recorded in ``spaths[k * MAXH ..]`` (``len(ranks) * MAXH`` int64)
+    and ``k`` under its slot in the hash table ``stab`` (see
+    :func:`_lookup`): a later update of these slots deletes their keys along
+    it instead of routing (:func:`_warm`).
     """
     b = ranks.shape[0]
     h = meta[HEIGHT]
@@ -861,7 +874,7 @@ def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pra
             while j < last and r >= ic[base + j]:
                 r -= ic[base + j]
                 j += 1
-            if level < MAXH:
+            if level < MAXH - 1:
                 spaths[k * MAXH + level] = base + j
             child = ich[base + j]
             node[k] = child
@@ -876,6 +889,7 @@ def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pra
     for k in range(b):
         s = ls[node[k] * L + rem[k]]
         out[k] = s
+        spaths[k * MAXH + MAXH - 1] = rem[k]  # the key's position in its leaf
         _remember(stab, s, k)
 
 
