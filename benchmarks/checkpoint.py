@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -136,9 +137,9 @@ class _Probes:
         orig_read = _SaveGuard.read
         snapshot, chunks = self.snapshot, self.chunks
 
-        def state_dict(*a: object) -> object:
+        def state_dict(*a: Any, **kw: Any) -> object:
             t0 = time.perf_counter()
-            out = orig_state(*a)
+            out = orig_state(*a, **kw)
             snapshot.append(time.perf_counter() - t0)
             return out
 

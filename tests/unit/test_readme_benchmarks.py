@@ -60,3 +60,12 @@ def test_readme_tables_match_committed_csv() -> None:
             assert abs(shown - actual) <= 0.006 * abs(actual) + 5e-4, (lib, capacity, op)
             checked += 1
     assert checked >= 20
+
+
+def test_readme_workloads_tables_are_the_committed_run() -> None:
+    committed = (ROOT / "benchmarks" / "results" / "workloads.md").read_text()
+    rows = [line for line in committed.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 14  # two capacities, seven workloads each
+    readme = (ROOT / "README.md").read_text()
+    missing = [row for row in rows if row not in readme]
+    assert not missing, missing
