@@ -32,17 +32,11 @@ from typing import Any
 import numpy as np
 
 from fastper import PrioritizedReplayBuffer
+from fastper._bench import NSTEP_FIELDS
 from fastper.nstep import NStepWriter
 from fastper.storage import Storage, coerce_batch, make_fields
 
-FIELDS = {
-    "obs": ((4,), np.float32),
-    "action": ((), np.int64),
-    "reward": ((), np.float32),
-    "next_obs": ((4,), np.float32),
-    "terminated": ((), np.bool_),
-    "truncated": ((), np.bool_),
-}
+FIELDS = NSTEP_FIELDS  # CartPole-like, with both episode-end flags
 CAPACITY = 1 << 16
 
 

@@ -37,14 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from fastper._bench import NSTEP_FIELDS
+
 HERE = Path(__file__).resolve().parent
-FIELDS = {
-    "obs": ((4,), np.float32),
-    "action": ((), np.int64),
-    "reward": ((), np.float32),
-    "next_obs": ((4,), np.float32),
-    "terminated": ((), np.bool_),
-}
+FIELDS = {k: v for k, v in NSTEP_FIELDS.items() if k != "truncated"}  # CartPole-like
 PHASES = ("add", "sample", "update", "loop")
 
 
