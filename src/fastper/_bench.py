@@ -217,9 +217,7 @@ def run_workloads(
     out: list[Pair] = []
     # 1. an alpha schedule vs a constant alpha (learner step with an actor)
     const = _filled("proportional", capacity, capacity)
-    sched = _filled(
-        "proportional", capacity, capacity, alpha=schedules.linear(0.4, 0.9, 10**9)
-    )
+    sched = _filled("proportional", capacity, capacity, alpha=schedules.linear(0.4, 0.9, 10**9))
     a, b = _interleaved((_actor_learner(sched, batch_size), _actor_learner(const, batch_size)),
                         rounds, calls)  # fmt: skip
     out.append(Pair("proportional, linear alpha schedule", "constant alpha", a, b, 1.2))
@@ -266,7 +264,8 @@ def _nstep_rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
 
 def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:
     lines = [
-        f"#### N = {capacity}" + (f" (2^{capacity.bit_length() - 1})" if capacity & (capacity - 1) == 0 else "")
+        f"#### N = {capacity}"
+        + (f" (2^{capacity.bit_length() - 1})" if capacity & (capacity - 1) == 0 else "")
         + f", B = {batch_size}",
         "",
         "| workload | us/call | reference | us/call | ratio | target |",

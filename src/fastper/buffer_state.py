@@ -242,7 +242,6 @@ class StateMixin:
         self._scheme_options = dict(pending["options"])
         self._pending_switch = None
 
-
     def _settings(self) -> dict[str, Any]:
         """Constructor arguments (JSON-able), schedules as ``schedules.to_dict``."""
         nstep = self._nstep

@@ -217,7 +217,9 @@ def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
                     whole.update(view)
                     written += view.nbytes
                 if written != entry["nbytes"]:
-                    raise ValueError(f"array `{name}` gave {written} bytes, declared {entry['nbytes']}")
+                    raise ValueError(
+                        f"array `{name}` gave {written} bytes, declared {entry['nbytes']}"
+                    )
             f.write(whole.digest())
             f.flush()
             os.fsync(f.fileno())

@@ -93,6 +93,7 @@ FIND: Final = _Find.FIND
 
 KeyArg = str | None | Literal[_Find.FIND]
 
+
 def _find(fields: Mapping[str, Field], names: tuple[str, ...]) -> str | None:
     for name in names:
         if name in fields:

@@ -191,8 +191,14 @@ class Sampler:
         """Raise if priorities ``p`` (under ``alpha``) could overflow the index."""
 
     def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
-        key_base: int, added: int,
+        self,
+        u: np.ndarray,
+        n: int,
+        beta: float,
+        stratified: bool,
+        norm: int,
+        key_base: int,
+        added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
 

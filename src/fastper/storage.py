@@ -317,7 +317,11 @@ class Storage:
             raise ValueError(f"storage state must hold {sorted(expected)}, got {sorted(state)}")
         for name, field in self.fields.items():
             a = state[f"columns/{name}"]
-            if not isinstance(a, np.ndarray) or a.dtype != field.dtype or a.shape != (n, *field.shape):
+            if (
+                not isinstance(a, np.ndarray)
+                or a.dtype != field.dtype
+                or a.shape != (n, *field.shape)
+            ):
                 got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
                 raise ValueError(
                     f"column `{name}` must be {field.dtype}{(n, *field.shape)}, got {got}"

@@ -224,9 +224,7 @@ class SumTree(_Tree):
         with self._lock:
             _k.rebuild(self._leaves, self._inner, self._offs, self._depth, _k.SUM)
             if self._track_min:
-                _k.rebuild(
-                    self._leaves, self._min_inner, self._offs, self._depth, _k.MIN_POSITIVE
-                )
+                _k.rebuild(self._leaves, self._min_inner, self._offs, self._depth, _k.MIN_POSITIVE)
 
     def fsum(self) -> float:
         """Exactly rounded sum of the leaves (``math.fsum``), for checks. O(N)."""
