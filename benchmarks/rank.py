@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from fastper._bench import NSTEP_FIELDS
+from fastper._bench import NSTEP_FIELDS, _batch
 
 HERE = Path(__file__).resolve().parent
 FIELDS = {k: v for k, v in NSTEP_FIELDS.items() if k != "truncated"}  # CartPole-like
@@ -45,13 +45,10 @@ PHASES = ("add", "sample", "update", "loop")
 
 
 def transitions(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
-    return {
-        "obs": rng.standard_normal((k, 4), dtype=np.float32),
-        "action": rng.integers(0, 2, k),
-        "reward": rng.standard_normal(k, dtype=np.float32),
-        "next_obs": rng.standard_normal((k, 4), dtype=np.float32),
-        "terminated": rng.random(k) < 0.01,
-    }
+    """`fastper bench`'s CartPole-like rows, its `done` flag as `terminated`."""
+    rows = _batch(rng, k)
+    rows["terminated"] = rows.pop("done") != 0
+    return rows
 
 
 def build(kind: str, capacity: int, fill: float, seed: int = 0) -> Any:

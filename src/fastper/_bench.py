@@ -252,14 +252,10 @@ def run_workloads(
 
 
 def _nstep_rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
-    return {
-        "obs": rng.standard_normal((k, 4), dtype=np.float32),
-        "action": rng.integers(0, 2, k),
-        "reward": rng.standard_normal(k, dtype=np.float32),
-        "next_obs": rng.standard_normal((k, 4), dtype=np.float32),
-        "terminated": np.zeros(k, dtype=bool),
-        "truncated": np.zeros(k, dtype=bool),
-    }
+    """:func:`_batch` with the episode-end flags n-step needs (no episode ends)."""
+    rows = _batch(rng, k)
+    del rows["done"]
+    return {**rows, "terminated": np.zeros(k, dtype=bool), "truncated": np.zeros(k, dtype=bool)}
 
 
 def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:

@@ -549,9 +549,16 @@ def _constructor_args(state: Mapping[str, Any]) -> tuple[type[Any], dict[str, An
 
 
 def _new_buffer(
-    state: Mapping[str, Any], alpha: Any, beta: Any, storage: StorageLike | None = None
+    state: Mapping[str, Any],
+    alpha: Any,
+    beta: Any,
+    storage: StorageLike | None = None,
+    check_size: bool = False,
 ) -> Any:
+    """An empty buffer with ``state``'s settings (``check_size``: refuse one too big for RAM)."""
     cls, args = _constructor_args(state)
+    if check_size:
+        _check_size(args)
     sch = state["schedules"]
     return cls(
         **args,
@@ -644,9 +651,7 @@ def load(
     made: list[Any] = []
 
     def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
-        _, args = _constructor_args(state)
-        _check_size(args)
-        buf = _new_buffer(state, alpha, beta)
+        buf = _new_buffer(state, alpha, beta, check_size=True)
         made.append(buf)
         n = state["writer"]["size"]
         if not (isinstance(n, int) and 0 <= n <= buf.capacity):

@@ -211,7 +211,7 @@ class Sampler:
 
     def reset_priorities(self, p: np.ndarray, n: int) -> None:
         """Take raw priorities ``p`` for slots ``0..n-1`` (0 beyond) and rebuild. O(N)."""
-        if p is not self.raw[:n] and not np.shares_memory(p, self.raw):
+        if not np.shares_memory(p, self.raw):  # a switch hands over the same array
             self.raw[:n] = p
         self.raw_leaves[n:] = 0.0
         self.set_alpha(self.alpha, n)

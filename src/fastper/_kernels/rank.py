@@ -372,6 +372,16 @@ def _insert(meta, lp, ls, ip, isl, ic, ich, inn, p, s):  # pragma: no cover - co
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _remove_in_leaf(meta, lp, ls, base, pos, n):  # pragma: no cover - compiled
+    """Close the gap of key ``pos`` in the leaf at ``base`` holding ``n`` keys."""
+    _move(lp, base + pos, base + pos + 1, n - 1 - pos)
+    _move(ls, base + pos, base + pos + 1, n - 1 - pos)
+    lp[base + n - 1] = PAD
+    ls[base + n - 1] = 0
+    meta[SIZE] -= 1
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _delete(meta, lp, ls, ip, isl, ic, ich, inn, p, s):  # pragma: no cover - compiled
     """Remove key ``(p, s)``; False if it is not there (the tree is then corrupt)."""
     node = meta[ROOT]
@@ -385,11 +395,7 @@ def _delete(meta, lp, ls, ip, isl, ic, ich, inn, p, s):  # pragma: no cover - co
     base = node * L
     if pos < 0 or lp[base + pos] != p or ls[base + pos] != s:
         return False
-    _move(lp, base + pos, base + pos + 1, n - 1 - pos)
-    _move(ls, base + pos, base + pos + 1, n - 1 - pos)
-    lp[base + n - 1] = PAD
-    ls[base + n - 1] = 0
-    meta[SIZE] -= 1
+    _remove_in_leaf(meta, lp, ls, base, pos, n)
     return True
 
 
@@ -415,11 +421,7 @@ def _delete_at(meta, lp, ls, ic, ich, path, off, p, s):  # pragma: no cover - co
             return False
     for level in range(h):
         ic[path[off + level]] -= 1
-    _move(lp, base + pos, base + pos + 1, n - 1 - pos)
-    _move(ls, base + pos, base + pos + 1, n - 1 - pos)
-    lp[base + n - 1] = PAD
-    ls[base + n - 1] = 0
-    meta[SIZE] -= 1
+    _remove_in_leaf(meta, lp, ls, base, pos, n)
     return True
 
 
