@@ -272,3 +272,25 @@ def test_inspect_prints_both_format_versions(tmp_path, capsys, path):
     out = capsys.readouterr().out
     assert "checksum:     ok" in out and ("storage/columns/x" in out or "data/obs" in out)
     assert ("v2" in out and "5 stored" in out) or ("v1" in out and "16 stored" in out)
+
+
+def test_refused_stream_information_leaves_the_buffer_unchanged():
+    fields = {"obs": np.float32, "reward": np.float32, "next_obs": np.float32,
+              "terminated": np.bool_, "truncated": np.bool_}  # fmt: skip
+    rows = {"obs": np.zeros(3), "reward": np.ones(3), "next_obs": np.ones(3),
+            "terminated": np.zeros(3, bool), "truncated": np.zeros(3, bool)}  # fmt: skip
+    nstep = fastper.PrioritizedReplayBuffer(8, fields, n_step=3, seed=0)
+    nstep.add(rows, env_ids=[0, 1, 0])
+    plain = fastper.PrioritizedReplayBuffer(8, fields, seed=0)
+    plain.add(rows)
+    for buf, call, match in (
+        (nstep, lambda b: b.add(rows), "needs stream information"),
+        (plain, lambda b: b.add(rows, env_ids=[0, 1]), "`env_ids` must hold one integer per row"),
+        (plain, lambda b: b.add(rows, env_ids=[0.5, 1.0, 2.0]), "`env_ids` must hold one integer"),
+    ):
+        before = snapshot(buf)
+        with pytest.raises(ValueError, match=match):
+            call(buf)
+        assert_same_state(before, snapshot(buf))
+    with pytest.raises(ValueError, match="`n_envs` must be <= 65536"):
+        fastper.PrioritizedReplayBuffer(8, fields, n_step=3, n_envs=70_000)
