@@ -1,0 +1,835 @@
+"""Replay buffers whose rows, priorities and trees live on a torch device.
+
+:class:`DevicePrioritizedReplayBuffer` (proportional) and
+:class:`DeviceReplayBuffer` (uniform) follow the CPU buffers' decisions (see
+the README, "Decisions"): float64 trees that never drift, new transitions at
+the largest priority ever recorded, stratified draws handed back in random
+order, IS weights normalised buffer-wide by default, keys that make updates
+of overwritten slots drop, last duplicate wins, a call that raises changes
+nothing (random state included).
+
+No host synchronisation in ``sample`` and ``update_priorities``: every
+quantity that depends on the data (the total, the min, the keys, the
+priorities, the count of entries applied) stays a device tensor; shapes
+depend only on the batch size. What is known on the host without asking the
+device (the number of stored transitions, the ring cursor, the key counter)
+is kept on the host. Where a check of the *values* would need a sync, the
+``validate`` flag chooses:
+
+* ``validate=True`` (default): ``update_priorities`` (and ``add`` with
+  explicit priorities) read one flag back from the device, and raise with
+  the CPU buffers' messages on a bad index, a non-finite td error, a priority
+  too large or a key never issued; the buffer is then unchanged. With
+  ``eps == 0`` (where every priority could be zero) ``sample`` also reads the
+  total back to refuse an all-zero buffer.
+* ``validate=False`` (the sync-free fast path): nothing is read back. Bad
+  entries of an update are dropped and counted in :attr:`invalid_updates`
+  (they never reach the tree); bad explicit priorities of an ``add`` are
+  replaced by the new-transition priority and counted.
+
+Costs: ``add`` O(B log N); ``sample`` and ``update_priorities`` O(B log N)
+work in O(log N) tensor operations (see :mod:`fastper.device.tree`). Data
+given as host arrays is checked on the host; tensors are checked by shape
+and dtype (see :mod:`fastper.device.storage`). n-step windows are built on
+the host (:class:`fastper.nstep.NStepWriter`): with ``n_step > 1`` or stream
+tracking, added tensors are copied to the host first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .. import checkpoint as _ckpt
+from .. import schedules as _sched
+from .._validation import check_int, check_real, show
+from .._validation import nstep_key_args as _nstep_key_args
+from ..buffer_state import locked
+from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
+from ..nstep import NStepWriter
+from ..storage import Field, FieldLike, coerce_batch, make_fields
+from ..writer import RingWriter
+from ._torch import torch
+from .index import NORMS, NumbaIndex, TorchIndex, priority_limit, slot_keys
+from .storage import TorchStorage
+
+__all__ = ["DeviceBatch", "DevicePrioritizedReplayBuffer", "DeviceReplayBuffer", "load"]
+
+_MAX_ENVS = 1 << 16
+_AUTO_ALPHA_SLOTS = 256
+
+
+@dataclass(frozen=True)
+class DeviceBatch:
+    """One sampled minibatch, every tensor on the buffer's device.
+
+    Attributes:
+        data: ``{field: tensor}`` with a leading ``batch_size`` dimension (new tensors).
+        indices: slots sampled (int64), for ``update_priorities``.
+        weights: importance-sampling weights (float32, for the loss).
+        probabilities: P(i) of each sampled slot (float64).
+        keys: insertion counter of each slot's occupant (int64).
+    """
+
+    data: dict[str, torch.Tensor]
+    indices: torch.Tensor
+    weights: torch.Tensor
+    probabilities: torch.Tensor
+    keys: torch.Tensor
+
+    def __getitem__(self, field: str) -> torch.Tensor:
+        return self.data[field]
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def _tensor(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """1-D tensor of ``dtype`` on ``device`` (numpy / lists through numpy, not float32)."""
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(np.asarray(value))
+    if value.ndim == 0:
+        value = value.reshape(1)
+    return value.to(device=device, dtype=dtype)
+
+
+class _DeviceBuffer:
+    """Shared machinery; use :class:`DevicePrioritizedReplayBuffer` or :class:`DeviceReplayBuffer`."""
+
+    kind: ClassVar[str] = ""
+    _prioritized: ClassVar[bool] = True
+    _default_alpha: ClassVar[float] = 0.6
+    _default_beta: ClassVar[float] = 0.4
+
+    def __init__(
+        self,
+        capacity: int,
+        fields: Mapping[str, FieldLike],
+        *,
+        device: Any = "cpu",
+        alpha: _sched.ScheduleLike | None = None,
+        beta: _sched.ScheduleLike | None = None,
+        eps: float = 1e-6,
+        clip: float | None = None,
+        max_priority: str | float = "ever",
+        stratified: bool = True,
+        shuffle: bool = True,
+        weight_norm: str = "buffer",
+        alpha_every: int | None = None,
+        priority_noise: _sched.ScheduleLike = 0.0,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        n_envs: int | None = None,
+        autoreset: str | None = None,
+        nstep_keys: Mapping[str, str | None] | None = None,
+        seed: int | None = None,
+        validate: bool = True,
+        backend: str | None = None,
+    ) -> None:
+        self._capacity = check_int("capacity", capacity, minimum=1)
+        input_fields = make_fields(fields)
+        try:
+            self._device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"`device` must name a torch device, got device={device!r}") from exc
+        self._eps = check_real("eps", eps, minimum=0.0)
+        self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
+        if isinstance(max_priority, str):
+            if max_priority != "ever":
+                raise ValueError(
+                    "`max_priority` of a device buffer must be 'ever' or a number > 0 "
+                    f"('current' needs a max tree, not kept on the device), got {max_priority!r}"
+                )
+            self._max_policy: str | float = "ever"
+        else:
+            self._max_policy = check_real(
+                "max_priority", max_priority, minimum=0.0, strict_min=True
+            )
+        for flag, value in (
+            ("stratified", stratified),
+            ("shuffle", shuffle),
+            ("validate", validate),
+        ):
+            if not isinstance(value, bool | np.bool_):
+                raise TypeError(f"`{flag}` must be a bool, got {flag}={show(value)}")
+        self._stratified, self._shuffle, self._validate = (
+            bool(stratified),
+            bool(shuffle),
+            bool(validate),
+        )
+        if weight_norm not in NORMS:
+            raise ValueError(f"`weight_norm` must be one of {list(NORMS)}, got {weight_norm!r}")
+        self._weight_norm = weight_norm
+        if alpha_every is None:
+            alpha_every = -(-self._capacity // _AUTO_ALPHA_SLOTS)
+        self._alpha_every = check_int("alpha_every", alpha_every, minimum=1)
+        n_step = check_int("n_step", n_step, minimum=1)
+        if n_envs is not None:
+            n_envs = check_int("n_envs", n_envs, minimum=1)
+            if n_envs > _MAX_ENVS:
+                raise ValueError(f"`n_envs` must be <= {_MAX_ENVS}, got n_envs={n_envs}")
+        self._gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
+        self._nstep: NStepWriter | None = None
+        stored = input_fields
+        if n_step > 1 or autoreset is not None or n_envs is not None:
+            self._nstep = NStepWriter(
+                input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
+                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
+            )  # fmt: skip
+            stored = self._nstep.output_fields
+        elif nstep_keys:
+            _nstep_key_args(nstep_keys)
+        self._alpha_schedule = _sched.as_schedule(
+            "alpha", self._default_alpha if alpha is None else alpha
+        )
+        self._beta_schedule = _sched.as_schedule(
+            "beta", self._default_beta if beta is None else beta
+        )
+        self._noise_schedule = _sched.as_schedule("priority_noise", priority_noise)
+        alpha0 = check_real("alpha", self._alpha_schedule(0), minimum=0.0)
+        check_real("beta", self._beta_schedule(0), minimum=0.0)
+        check_real("priority_noise", self._noise_schedule(0), minimum=0.0)
+        if seed is not None:
+            seed = check_int("seed", seed, minimum=0)
+        self._seed = seed
+        self._storage = TorchStorage(stored, self._capacity, self._device)
+        self._writer = RingWriter(self._capacity)
+        dev, f64 = self._device, torch.float64
+        self._gen = torch.Generator(device=dev)
+        if seed is None:
+            self._gen.seed()
+        else:
+            self._gen.manual_seed(seed)
+        if backend is None:
+            backend = "numba" if dev.type == "cpu" else "torch"
+        if backend not in ("torch", "numba"):
+            raise ValueError(f"`backend` must be 'torch', 'numba' or None, got backend={backend!r}")
+        self._backend = backend
+        index_cls = TorchIndex if backend == "torch" else NumbaIndex
+        self._index: TorchIndex | NumbaIndex = index_cls(
+            self._capacity, alpha0, self._prioritized, weight_norm == "buffer", dev
+        )
+        self._step = 0
+        self._max_seen = torch.ones((), dtype=f64, device=dev)
+        self._stale = torch.zeros((), dtype=torch.int64, device=dev)
+        self._invalid = torch.zeros((), dtype=torch.int64, device=dev)
+        # may a stored priority be zero? (only then does sample check the total)
+        self._may_be_zero = self._eps == 0.0
+        self._lock = threading.RLock()
+
+    # -- introspection -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._writer.size
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def device(self) -> torch.device:
+        """Where rows, priorities and trees live."""
+        return self._device
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """The stored field spec (with ``discount`` for n-step buffers)."""
+        return dict(self._storage.fields)
+
+    @property
+    def storage(self) -> TorchStorage:
+        return self._storage
+
+    @property
+    def backend(self) -> str:
+        """``"torch"`` (tensor operations, sync-free) or ``"numba"`` (compiled kernels, CPU only)."""
+        return self._backend
+
+    @property
+    def validate(self) -> bool:
+        """Whether updates are checked (one host sync each; see the module docstring)."""
+        return self._validate
+
+    @property
+    def alpha(self) -> float:
+        return self._index.alpha
+
+    @property
+    def beta(self) -> float:
+        return float(self._beta_schedule(self._step))
+
+    @property
+    def step(self) -> int:
+        """Schedule step: counts successful ``sample`` calls."""
+        return self._step
+
+    @property
+    def total_added(self) -> int:
+        return self._writer.added
+
+    @property
+    def max_priority(self) -> torch.Tensor:
+        """The priority a new transition gets now: a 0-dim float64 device tensor. O(1)."""
+        return self._new_priority()
+
+    @property
+    def max_priority_ever(self) -> float:
+        """Largest priority ever recorded (reads the device: syncs)."""
+        return float(self._max_seen)
+
+    @property
+    def stale_updates(self) -> int:
+        """Updates dropped because their slot was overwritten since sampled (syncs)."""
+        return int(self._stale)
+
+    @property
+    def invalid_updates(self) -> int:
+        """Entries dropped (``validate=False``) for a bad index, td error, priority or key (syncs)."""
+        return int(self._invalid)
+
+    @property
+    def n_pending(self) -> int:
+        return 0 if self._nstep is None else self._nstep.n_pending
+
+    @property
+    def n_dropped(self) -> int:
+        return 0 if self._nstep is None else self._nstep.dropped
+
+    def _new_priority(self) -> torch.Tensor:
+        cap = math.inf if self._clip is None else self._clip + self._eps
+        if self._max_policy == "ever":
+            return self._max_seen.clamp(max=cap)
+        return torch.full((), min(float(self._max_policy), cap), dtype=torch.float64,
+                          device=self._device)  # fmt: skip
+
+    def _keys(self, idx: torch.Tensor) -> torch.Tensor:
+        w = self._writer
+        return slot_keys(idx, w.key_base, w.added, self._capacity)
+
+    def _slots(self, indices: Any) -> torch.Tensor:
+        """Validated slots (host check: syncs), for the introspection methods."""
+        idx = _tensor(indices, torch.int64, self._device)
+        n = len(self)
+        bad = (idx < 0) | (idx >= n)
+        if idx.numel() and bool(bad.any()):
+            raise InvalidIndexError(
+                f"`indices` must be written slots in [0, {n}), got {idx[bad][:8].tolist()}"
+            )
+        return idx
+
+    @locked
+    def keys(self, indices: Any) -> torch.Tensor:
+        """Key of the current occupant of each slot. O(B); checks the indices (syncs)."""
+        return self._keys(self._slots(indices))
+
+    @locked
+    def priorities(self, indices: Any) -> torch.Tensor:
+        """Raw priorities p_i of written slots (float64 tensor). O(B); syncs to check."""
+        return self._index.raw.index_select(0, self._slots(indices))
+
+    @locked
+    def probabilities(self, indices: Any) -> torch.Tensor:
+        """P(i) one draw picks each slot with. O(B); syncs to check the indices."""
+        idx = self._slots(indices)
+        if not self._prioritized:
+            return torch.full(idx.shape, 1.0 / max(len(self), 1), dtype=torch.float64,
+                              device=self._device)  # fmt: skip
+        raw = self._index.raw.index_select(0, idx)
+        leaf = torch.where(raw > 0, raw.pow(self.alpha), 0.0)
+        return leaf / self._index.total
+
+    # -- schedules ---------------------------------------------------------------------
+    def _apply_alpha(self, alpha: float) -> None:
+        index = self._index
+        if alpha == index.alpha:
+            return
+        if alpha > 1.0 and self._prioritized:
+            # p ** alpha may overflow the tree only for alpha > 1: read the largest priority
+            limit = math.exp(math.log(index.max_value) / alpha)
+            if float(self._max_seen) > limit:
+                raise ValueError(
+                    f"`alpha`={alpha!r} would overflow the sum tree: priorities must stay "
+                    f"<= {limit:.3e}, the largest is {float(self._max_seen)!r}"
+                )
+        index.set_alpha(alpha, len(self))
+
+    def _alpha_at(self, step: int) -> float:
+        return check_real(
+            "alpha", self._alpha_schedule(step - step % self._alpha_every), minimum=0.0
+        )
+
+    @locked
+    def set_alpha(self, alpha: _sched.ScheduleLike) -> None:
+        """Replace alpha (number or schedule); re-weighs every priority now. O(N), no sync for alpha <= 1."""
+        schedule = _sched.as_schedule("alpha", alpha)
+        value = check_real(
+            "alpha", schedule(self._step - self._step % self._alpha_every), minimum=0.0
+        )
+        self._apply_alpha(value)
+        self._alpha_schedule = schedule
+
+    @locked
+    def set_beta(self, beta: _sched.ScheduleLike) -> None:
+        """Replace beta (number or schedule). O(1)."""
+        schedule = _sched.as_schedule("beta", beta)
+        check_real("beta", schedule(self._step), minimum=0.0)
+        self._beta_schedule = schedule
+
+    # -- add ---------------------------------------------------------------------------
+    @locked
+    def add(
+        self, transition: Mapping[str, Any], priorities: Any = None, *, env_ids: Any = None
+    ) -> torch.Tensor:
+        """Store one transition or a batch (leading dimension). O(B log N).
+
+        Args:
+            transition: ``{field: value}``; torch tensors (on any device) or host
+                arrays (see :mod:`fastper.device.storage` for the checks).
+            priorities: optional raw priorities (>= 0, finite), one per row;
+                by default each gets :attr:`max_priority`. Not with n-step.
+            env_ids: stream of each row, for n-step windows (as the CPU buffers).
+
+        Returns:
+            The slots written, an int64 tensor on the device.
+        """
+        if self._nstep is not None:
+            if priorities is not None:
+                raise ValueError(
+                    "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
+                )
+            host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+                    for k, v in transition.items()} if isinstance(transition, Mapping) else transition  # fmt: skip
+            batch, k = coerce_batch(self._nstep.fields, host, None)
+            plan = self._nstep.prepare(batch, k, env_ids)
+            out, m = plan.out, plan.count
+            cap = self._capacity
+            if m > cap and k > cap:
+                raise ValueError(
+                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
+                )
+            self._nstep.commit(plan)
+            if m == 0:
+                return torch.empty(0, dtype=torch.int64, device=self._device)
+            parts = [
+                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
+                for lo in range(0, m, cap)
+            ]
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+        prepared, k = self._storage.prepare(transition)
+        if env_ids is not None:
+            ids = np.asarray(env_ids.cpu() if isinstance(env_ids, torch.Tensor) else env_ids)
+            if ids.reshape(-1).shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(
+                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
+                )
+        p = None
+        if priorities is not None:
+            p = _tensor(priorities, torch.float64, self._device)
+            if p.shape[0] != k:
+                raise ValueError(
+                    f"`priorities` must have {k} entries (one per row), got {p.shape[0]}"
+                )
+            p = self._checked_add_priorities(p)
+        return self._write(prepared, k, p)
+
+    def _checked_add_priorities(self, p: torch.Tensor) -> torch.Tensor:
+        limit = self._index.limit
+        bad = ~torch.isfinite(p) | (p < 0) | (p > limit)
+        if self._validate:
+            if bool(bad.any()):
+                raise ValueError(
+                    f"`priorities` must be finite, >= 0 and <= {limit:.3e}, got "
+                    f"{p[bad][:8].tolist()}"
+                )
+            if self._eps == 0.0 or bool((p == 0).any()):
+                self._may_be_zero = True
+            return p + 0.0
+        self._may_be_zero = True  # unread: assume the worst
+        self._invalid += bad.sum()
+        return torch.where(bad, self._new_priority(), p) + 0.0
+
+    def _write(self, prepared: Mapping[str, Any], k: int, p: torch.Tensor | None) -> torch.Tensor:
+        w = self._writer
+        start = w.cursor
+        self._storage.write(start, prepared, k)
+        w.advance(k)
+        slots = (start + torch.arange(k, dtype=torch.int64, device=self._device)) % self._capacity
+        if p is None:
+            value = self._new_priority()
+            first = min(k, self._capacity - start)
+            self._index.fill(start, first, value)
+            if first < k:
+                self._index.fill(0, k - first, value)
+        else:
+            self._max_seen = torch.maximum(self._max_seen, p.max())
+            self._index.write(slots, p)
+        return slots
+
+    # -- sample ------------------------------------------------------------------------
+    @locked
+    def sample(self, batch_size: int, beta: float | None = None) -> DeviceBatch:
+        """Draw ``batch_size`` transitions with replacement. O(B log N), no host sync.
+
+        Returns:
+            A :class:`DeviceBatch` (tensors on the device, weights float32), in
+            random order unless ``shuffle=False``.
+
+        Raises:
+            EmptyBufferError: the buffer holds nothing.
+            ZeroPriorityError: every priority is zero (checked only when one
+                can be: ``eps == 0`` or explicit zero priorities, with ``validate``).
+        """
+        b = check_int("batch_size", batch_size, minimum=1)
+        beta_v = check_real(
+            "beta", self._beta_schedule(self._step) if beta is None else beta, minimum=0.0
+        )
+        n = len(self)
+        if n == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        old_alpha = self._index.alpha
+        self._apply_alpha(self._alpha_at(self._step))
+        try:
+            if self._prioritized and self._validate and self._may_be_zero:
+                if not float(self._index.total) > 0.0:
+                    raise ZeroPriorityError(
+                        f"cannot sample: all {n} stored priorities are zero (raise `eps` above 0 "
+                        "or update priorities)"
+                    )
+        except BaseException:
+            self._apply_alpha(old_alpha)
+            raise
+        dev, f64 = self._device, torch.float64
+        u = torch.rand(b, generator=self._gen, dtype=f64, device=dev)
+        w = self._writer
+        idx, prob, weights, keys = self._index.draw(
+            u, n, beta_v, self._stratified, self._weight_norm, w.key_base, w.added
+        )
+        if self._shuffle and b > 1:
+            perm = torch.randperm(b, generator=self._gen, device=dev)
+            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
+        batch = DeviceBatch(
+            data=self._storage.gather(idx),
+            indices=idx,
+            weights=weights.to(torch.float32),
+            probabilities=prob,
+            keys=keys,
+        )
+        self._step += 1
+        return batch
+
+    # -- update ------------------------------------------------------------------------
+    @locked
+    def update_priorities(self, indices: Any, td_errors: Any, keys: Any = None) -> torch.Tensor:
+        """Set p_i = min(|td_i|, clip) + eps for sampled slots. O(B log N).
+
+        Duplicate indices: the last one wins. With ``keys``, entries whose slot
+        was overwritten since it was sampled are dropped (:attr:`stale_updates`).
+        No host sync with ``validate=False``; with ``validate=True`` one read
+        of a flag (see the module docstring).
+
+        Returns:
+            The number of priorities applied: a 0-dim int64 device tensor.
+
+        Raises (``validate=True``):
+            InvalidIndexError: an index out of range or never written.
+            ValueError: td errors not finite or too large, lengths differ, keys
+                never issued.
+        """
+        dev = self._device
+        idx = _tensor(indices, torch.int64, dev) if not (
+            isinstance(indices, torch.Tensor) and indices.dtype == torch.int64
+            and indices.device == dev and indices.ndim == 1
+        ) else indices  # fmt: skip
+        if (
+            not isinstance(td_errors, torch.Tensor)
+            and np.asarray(td_errors).dtype.kind not in "iuf"
+        ):
+            raise TypeError(f"`td_errors` must hold real numbers, got {show(td_errors)}")
+        td = _tensor(td_errors, torch.float64, dev)
+        use_keys = keys is not None
+        key_t = _tensor(keys, torch.int64, dev) if use_keys else None
+        for name, t in (("indices", idx), ("td_errors", td), ("keys", key_t)):
+            if t is not None and t.ndim != 1:
+                raise ValueError(f"`{name}` must be 1-D, got shape {tuple(t.shape)}")
+        b = idx.shape[0]
+        for name, t in (("td_errors", td), ("keys", key_t)):
+            if t is not None and t.shape[0] != b:
+                raise ValueError(
+                    f"`{name}` must have {b} entries (one entry per index), got {name} with {t.shape[0]}"
+                )
+        if b == 0:
+            return torch.zeros((), dtype=torch.int64, device=dev)
+        sigma = check_real("priority_noise", self._noise_schedule(self._step), minimum=0.0)
+        gen_state = self._gen.get_state() if sigma else None
+        if sigma:
+            z = torch.randn(b, generator=self._gen, dtype=torch.float64, device=dev)
+            td = td.abs() * torch.exp(sigma * z)
+        w = self._writer
+        try:
+            applied, pmax, stale, invalid = self._index.update(
+                idx, td, key_t, self._eps, self._clip, len(self), w.key_base, w.added,
+                self._validate, bool(sigma),
+            )  # fmt: skip
+        except BaseException:
+            if gen_state is not None:
+                self._gen.set_state(gen_state)
+            raise
+        self._max_seen = torch.maximum(self._max_seen, pmax.to(dev))
+        self._stale += stale.to(dev)
+        if not self._validate:
+            self._invalid += invalid.to(dev)
+        return applied.to(dev)
+
+    # -- housekeeping ------------------------------------------------------------------
+    @locked
+    def clear(self) -> None:
+        """Drop every transition and pending window; keeps the generator, step, key counter and max priority."""
+        self._storage.clear()
+        self._index.clear()
+        self._writer.clear()
+        if self._nstep is not None:
+            self._nstep.clear()
+
+    def nbytes(self) -> dict[str, int]:
+        """Device memory held: ``data`` (columns) and ``index`` (priorities, trees, scratch)."""
+        return {"data": self._storage.nbytes(), "index": self._index.nbytes()}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(capacity={self._capacity}, len={len(self)}, "
+            f"device={self._device}, fields={list(self._storage.fields)}, alpha={self.alpha:g})"
+        )
+
+    # -- state -------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        nstep = self._nstep
+        return {
+            "capacity": self._capacity,
+            "fields": [
+                [k, f.to_dict()]
+                for k, f in (nstep.fields if nstep else self._storage.fields).items()
+            ],
+            "eps": self._eps,
+            "clip": self._clip,
+            "max_priority": self._max_policy,
+            "stratified": self._stratified,
+            "shuffle": self._shuffle,
+            "weight_norm": self._weight_norm,
+            "alpha_every": self._alpha_every,
+            "gamma": self._gamma,
+            "seed": self._seed,
+            "nstep": None if nstep is None else nstep.settings(),
+        }
+
+    @locked
+    def state_dict(self) -> dict[str, Any]:
+        """The whole state as host objects (numpy arrays in its parts). O(N); syncs."""
+        n = len(self)
+        return {
+            "kind": self.kind,
+            "settings": self._settings(),
+            "schedules": {
+                "alpha": _sched.to_dict(self._alpha_schedule),
+                "beta": _sched.to_dict(self._beta_schedule),
+                "priority_noise": _sched.to_dict(self._noise_schedule),
+            },
+            "buffer": {
+                "max_priority_ever": float(self._max_seen),
+                "stale_updates": int(self._stale),
+                "invalid_updates": int(self._invalid),
+                "may_be_zero": self._may_be_zero,
+                "step": self._step,
+                "rng": self._gen.get_state().numpy().copy(),
+            },
+            "writer": self._writer.state_dict(),
+            "sampler": {
+                "alpha": self.alpha,
+                "priorities": self._index.raw[:n].cpu().numpy().copy(),
+            },
+            "storage": self._storage.state_dict(n),
+            "nstep": None if self._nstep is None else self._nstep.state_dict(),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a checkpoint (fastper's pickle-free format, atomically). O(N); syncs."""
+        state = self.state_dict()
+        _ckpt.write_state(path, state)
+
+    @locked
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace the contents with ``state`` (this class's ``state_dict``, or a CPU
+        buffer's of the same scheme and settings). Checked first: a refused state
+        changes nothing. O(N)."""
+        other = _from_state(state, self._device, self._alpha_schedule, self._beta_schedule,
+                            validate=self._validate, expect=type(self),
+                            backend=self._backend)  # fmt: skip
+        if other._settings() != self._settings() | {"seed": other._seed}:
+            raise ValueError("`state` must come from a buffer with this buffer's settings")
+        self.__dict__.update({k: v for k, v in other.__dict__.items() if k != "_lock"})
+
+    @classmethod
+    def from_state_dict(
+        cls, state: Mapping[str, Any], *, device: Any = "cpu", validate: bool = True,
+        backend: str | None = None, alpha: _sched.ScheduleLike | None = None,
+        beta: _sched.ScheduleLike | None = None,
+    ) -> _DeviceBuffer:  # fmt: skip
+        """A new device buffer holding ``state``: a device buffer's, or a CPU buffer's
+        (``PrioritizedReplayBuffer`` / ``ReplayBuffer``, scheme unchanged). A CPU state's
+        numpy random state cannot drive a torch generator: the new generator is
+        seeded from the settings' seed (or fresh entropy). O(N)."""
+        return _from_state(
+            state, device, alpha, beta, validate=validate, expect=cls, backend=backend
+        )
+
+
+_CPU_KINDS = {"proportional": "device_proportional", "uniform": "device_uniform"}
+_KINDS: dict[str, type[_DeviceBuffer]] = {}
+
+
+def _from_state(
+    state: Mapping[str, Any], device: Any, alpha: Any, beta: Any, *, validate: bool,
+    expect: type[_DeviceBuffer] | None = None, backend: str | None = None,
+) -> _DeviceBuffer:  # fmt: skip
+    kind = state.get("kind")
+    cpu = kind in _CPU_KINDS
+    cls = _KINDS.get(_CPU_KINDS.get(str(kind), str(kind)))
+    if cls is None:
+        raise ValueError(
+            f"unknown buffer kind {kind!r} for a device buffer (one of {sorted(_KINDS)} or the "
+            f"CPU kinds {sorted(_CPU_KINDS)})"
+        )
+    if expect is not None and expect is not _DeviceBuffer and cls is not expect:
+        raise ValueError(f"a {kind!r} state cannot be loaded into a {expect.__name__}")
+    s = dict(state["settings"])
+    buf_state = dict(state["buffer"])
+    if cpu:
+        if buf_state.get("scheme") != kind or buf_state.get("pending_switch") is not None:
+            raise ValueError(
+                "only a CPU state sampling with its own scheme and no pending switch can move to "
+                f"a device, got scheme {buf_state.get('scheme')!r}"
+            )
+        if s.get("max_priority") == "current":
+            raise ValueError("`max_priority='current'` is not kept by device buffers")
+    args: dict[str, Any] = {
+        "capacity": check_int("capacity", s.pop("capacity"), minimum=1),
+        "fields": {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in s.pop("fields")},
+    }
+    nstep = s.pop("nstep")
+    if nstep is not None:
+        nstep = dict(nstep)
+        args["n_step"] = nstep.pop("n")
+        args["n_envs"] = nstep.pop("n_envs", None)
+        args["autoreset"] = nstep.pop("autoreset", None)
+        args["nstep_keys"] = {k: v for k, v in nstep.items() if k.endswith("_key")}
+    for key in ("eps", "clip", "max_priority", "stratified", "shuffle", "weight_norm",
+                "alpha_every", "gamma", "seed"):  # fmt: skip
+        args[key] = s.get(key)
+    from ..buffer_state import _restore_schedule
+
+    sch = state["schedules"]
+    buf = cls(
+        **args, device=device, validate=validate, backend=backend,
+        alpha=_restore_schedule(sch["alpha"], alpha, "alpha"),
+        beta=_restore_schedule(sch["beta"], beta, "beta"),
+        priority_noise=_restore_schedule(sch["priority_noise"], None, "priority_noise"),
+    )  # fmt: skip
+    writer = RingWriter(buf.capacity)
+    writer.load_state_dict(state["writer"])
+    n = writer.size
+    sampler = state["sampler"]
+    pri = sampler["priorities"]
+    if (
+        not isinstance(pri, np.ndarray) or pri.dtype != np.float64 or pri.shape != (n,)
+        or not np.isfinite(pri).all() or (n and pri.min() < 0)
+    ):  # fmt: skip
+        raise ValueError(f"`priorities` must be {n} finite float64 priorities >= 0")
+    max_seen = check_real("max_priority_ever", buf_state["max_priority_ever"], minimum=1.0)
+    if n and float(pri.max()) > max_seen:
+        raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
+    step = check_int("step", buf_state["step"], minimum=0)
+    alpha_v = check_real("alpha", sampler["alpha"], minimum=0.0)
+    limit = priority_limit(buf._index.max_value, alpha_v)
+    if n and float(pri.max()) > limit:
+        raise ValueError(f"a stored priority exceeds {limit:.3e}, the device tree's limit")
+    if not cpu:
+        rng = buf_state["rng"]
+        if not isinstance(rng, np.ndarray) or rng.dtype != np.uint8 or rng.ndim != 1:
+            raise ValueError("random state must be a 1-D uint8 array")
+        try:
+            buf._gen.set_state(torch.from_numpy(rng.copy()))
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(
+                f"random state is invalid for a {buf.device} generator: {exc}"
+            ) from None
+    nstep_state = state.get("nstep")
+    if (nstep_state is None) != (buf._nstep is None):
+        raise ValueError("the n-step state does not match the n-step settings")
+    buf._storage.load_state_dict(state["storage"], n)
+    if buf._nstep is not None and nstep_state is not None:
+        buf._nstep.load_state_dict(nstep_state)
+    buf._writer = writer
+    buf._step = step
+    dev = buf.device
+    buf._index.load(pri, n, alpha_v)
+    buf._max_seen = torch.tensor(max_seen, dtype=torch.float64, device=dev)
+    buf._stale = torch.tensor(
+        check_int("stale_updates", buf_state["stale_updates"], minimum=0), device=dev
+    )
+    buf._invalid = torch.tensor(
+        check_int("invalid_updates", buf_state.get("invalid_updates", 0), minimum=0), device=dev
+    )
+    zero = bool(buf_state.get("may_be_zero", True)) if not cpu else True
+    buf._may_be_zero = zero or buf._eps == 0.0
+    return buf
+
+
+def load(
+    path: str | os.PathLike[str], *, device: Any = "cpu", validate: bool = True,
+    backend: str | None = None, alpha: _sched.ScheduleLike | None = None,
+    beta: _sched.ScheduleLike | None = None,
+) -> _DeviceBuffer:  # fmt: skip
+    """Load a device buffer saved with ``save`` (or a CPU buffer's checkpoint) onto ``device``.
+
+    Raises:
+        CheckpointError: a truncated, altered or malformed file, or contents
+            that do not make a consistent buffer.
+    """
+    try:
+        state, _ = _ckpt.read_state(path)
+        return _from_state(state, device, alpha, beta, validate=validate, backend=backend)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
+
+
+class DevicePrioritizedReplayBuffer(_DeviceBuffer):
+    """Proportional prioritized replay on a torch device (see the module docstring).
+
+    Arguments as :class:`fastper.PrioritizedReplayBuffer`, plus ``device``
+    (default ``"cpu"``) and ``validate`` (default ``True``). Not supported on
+    the device: ``max_priority="current"`` and rank-based sampling.
+    """
+
+    kind = "device_proportional"
+
+
+class DeviceReplayBuffer(_DeviceBuffer):
+    """Uniform replay on a torch device: P(i) = 1/N, weights 1.
+
+    Priorities may still be updated (kept, not used), as with
+    :class:`fastper.ReplayBuffer`.
+    """
+
+    kind = "device_uniform"
+    _prioritized = False
+    _default_alpha = 1.0
+    _default_beta = 0.0
+
+
+_KINDS.update({c.kind: c for c in (DevicePrioritizedReplayBuffer, DeviceReplayBuffer)})
