@@ -11,7 +11,7 @@ fi
 stamp="$VENV/.fastper-installed-${EXTRAS:-none}"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   case ",${EXTRAS:-}," in
-    *,agents,*|*,bench,*)
+    *,agents,*|*,bench,*|*,torch,*)
       # the extras accept torch >= 2.1; the project's own machines install exactly
       # this CPU build first (a local wheel), so pip never downloads another
       "$VENV/bin/python" -m pip install -q "torch==${FASTPER_TORCH:-2.13.0}" ;;

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import checkpoint as _ckpt
 from . import schedules as _sched
-from ._validation import check_int, check_real, show
+from ._validation import check_int, check_real, show, to_numpy
 from .errors import CheckpointError, ScheduleNotSerializableError
 from .nstep import NStepWriter
 from .samplers import PriorityMax, Sampler
@@ -88,7 +88,8 @@ class _SaveGuard:
         if s.size == 0:
             return
         self.kept[s] = True
-        gathered = self.storage.gather(s)
+        # host arrays, whatever the storage hands back (a device storage: tensors)
+        gathered = {k: to_numpy(v) for k, v in self.storage.gather(s).items()}
         end = self.count + s.shape[0]
         if end > self.slots.shape[0]:
             size = max(2 * self.slots.shape[0], end, 256)

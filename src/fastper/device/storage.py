@@ -3,9 +3,11 @@
 Rows stay on the device: ``gather`` returns device tensors, so a sampled
 batch never crosses to the host. ``add`` takes
 
-* torch tensors (on any device): checked by shape and dtype only, cast with
+* torch tensors: checked by shape and dtype only, cast with
   :func:`torch.can_cast` rules (e.g. float64 -> float32, int64 -> int32; not
   float -> int). Their values are not inspected: that would need a host sync.
+  Tensors on the buffer's device are copied device to device; host tensors
+  go through the pinned staging below.
 * anything else (numpy arrays, lists, numbers): checked and cast on the host
   as :class:`fastper.Storage` does (a cast that would change a value is
   refused), then copied to the device. On a CUDA device the copy goes
@@ -139,8 +141,11 @@ class TorchStorage:
     def _source(self, name: str, src: Any, k: int) -> torch.Tensor:
         """A tensor holding ``src[:k]`` that can be copied into the column."""
         if isinstance(src, torch.Tensor):
-            return src[:k]
-        arr = torch.from_numpy(np.ascontiguousarray(src[:k]))
+            if not (self._pinned and src.device.type == "cpu"):
+                return src[:k]
+            arr = src[:k]  # a host tensor: staged like host arrays
+        else:
+            arr = torch.from_numpy(np.ascontiguousarray(src[:k]))
         if not self._pinned:
             return arr
         stage = self._staging.get(name)
@@ -163,7 +168,8 @@ class TorchStorage:
             if first < k:
                 col[: k - first].copy_(src[first:k], non_blocking=True)
         if self._pinned:
-            self._copied = torch.cuda.Event()
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
             self._copied.record()
 
     # -- read --------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class DeviceSumTree:
             else []
         )
         self._winner = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._down = torch.full((1, 1), -math.inf, dtype=f64, device=dev)  # nextafter's direction
         self.max_value = max_leaf(capacity)
 
     # -- unchecked, sync-free core (the buffers call these) -------------------------
@@ -198,10 +199,9 @@ class DeviceSumTree:
         """
         j = torch.zeros(targets.shape[0], 1, dtype=torch.int64, device=self.device)
         t = targets.unsqueeze(1)
-        below = -math.inf
         for lv in range(self.depth, 0, -1):
             cs = self.levels[lv - 1].view(-1, K).index_select(0, j.view(-1)).cumsum_(1)
-            t = torch.minimum(t, cs[:, -1:].nextafter(torch.tensor(below, dtype=cs.dtype)))
+            t = torch.minimum(t, cs[:, -1:].nextafter(self._down))
             c = torch.searchsorted(cs, t, right=True)
             t = t - torch.nn.functional.pad(cs, (1, 0)).gather(1, c)
             j = torch.add(c, j, alpha=K)
@@ -248,7 +248,7 @@ class DeviceSumTree:
             raise IndexError(f"`indices` must lie in [0, {self.capacity}), got {bad}")
         return idx
 
-    def _values(self, name: str, values: Any, n: int, upper: float) -> torch.Tensor:
+    def _values(self, name: str, values: Any, n: int, upper: float, what: str) -> torch.Tensor:
         v = _as_tensor(values, self.device).reshape(-1)
         if v.dtype == torch.bool or v.is_complex():
             raise ValueError(f"`{name}` must hold real numbers, got dtype {v.dtype}")
@@ -258,7 +258,7 @@ class DeviceSumTree:
         bad = ~torch.isfinite(v) | (v < 0) | (v > upper)
         if v.numel() and bool(bad.any()):
             raise ValueError(
-                f"`{name}` must be finite, >= 0 and <= {upper:.3e}, got {v[bad][:8].tolist()}"
+                f"`{name}` must be finite, >= 0 and <= {what} = {upper:.6g}, got {v[bad][:8].tolist()}"
             )
         return v + 0.0  # -0.0 -> +0.0
 
@@ -270,7 +270,7 @@ class DeviceSumTree:
             ValueError: values not finite, negative or too large, or lengths differ.
         """
         idx = self._index(indices)
-        v = self._values("values", values, idx.shape[0], self.max_value)
+        v = self._values("values", values, idx.shape[0], self.max_value, "max_value")
         if idx.shape[0] == 0:
             return
         win = self.last_wins(idx)
@@ -292,7 +292,9 @@ class DeviceSumTree:
         total = float(self.total)
         if not total > 0.0:
             raise ValueError(f"`find` needs a positive total, got total={total!r}")
-        t = self._values("targets", targets, _as_tensor(targets, self.device).numel(), total)
+        t = self._values(
+            "targets", targets, _as_tensor(targets, self.device).numel(), total, "total"
+        )
         return self._find(t)
 
     def leaves_copy(self) -> torch.Tensor:

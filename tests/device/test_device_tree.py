@@ -1,0 +1,139 @@
+"""DeviceSumTree against the numba SumTree: same leaves, same picks, no drift."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fastper import SumTree  # noqa: E402
+from fastper.device.tree import K, DeviceSumTree, layout, pairwise_sum  # noqa: E402
+
+CAPACITIES = [1, 7, 63, 64, 65, 1000, 4096, 4097, 70_000]
+
+
+def _pair(capacity: int, track_min: bool = True) -> tuple[SumTree, DeviceSumTree]:
+    return SumTree(capacity, track_min=track_min), DeviceSumTree(capacity, track_min=track_min)
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_same_leaves_for_the_same_targets_as_the_numba_tree(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    cpu, dev = _pair(capacity)
+    for _ in range(10):
+        idx = rng.integers(0, capacity, size=int(rng.integers(1, 400)))
+        vals = 10.0 ** rng.uniform(-12, 12, size=idx.shape[0])
+        vals[rng.random(idx.shape[0]) < 0.2] = 0.0  # zero leaves are never picked
+        cpu.set(idx, vals)
+        dev.set(idx, vals)
+    assert np.array_equal(cpu.leaves(), dev.leaves_copy().numpy())
+    total = float(dev.total)
+    assert total == pytest.approx(cpu.total, rel=1e-13)
+    assert float(dev.min_positive) == cpu.min_positive
+    if total == 0.0:
+        return
+    targets = rng.random(50_000) * min(total, cpu.total)
+    got = dev.find(targets).numpy()
+    assert np.array_equal(got, cpu.find(targets))
+    assert (cpu.leaves()[got] > 0).all()
+
+
+@pytest.mark.parametrize("capacity", [1, 9, 64, 65, 1000, 5000])
+def test_exact_sums_agree_on_every_boundary(capacity: int) -> None:
+    """Integer leaves: every sum is exact, so every integer target (boundaries included) agrees."""
+    rng = np.random.default_rng(7)
+    cpu, dev = _pair(capacity, track_min=False)
+    vals = rng.integers(0, 4, size=capacity).astype(np.float64)
+    vals[0] = 1.0
+    cpu.set(np.arange(capacity), vals)
+    dev.set(np.arange(capacity), vals)
+    total = cpu.total
+    assert float(dev.total) == total == vals.sum()
+    targets = np.arange(0.0, total + 1.0)  # the last one is the total itself
+    got = dev.find(targets).numpy()
+    assert np.array_equal(got, cpu.find(targets))
+    # smallest i with t < prefix(i), and the total gives the last positive leaf
+    prefix = np.cumsum(vals)
+    want = np.searchsorted(prefix, targets[:-1], side="right")
+    assert np.array_equal(got[:-1], want)
+    assert got[-1] == np.flatnonzero(vals)[-1]
+
+
+def test_totals_stay_exact_after_a_million_updates_spanning_24_decades() -> None:
+    capacity = 4096
+    rng = np.random.default_rng(1)
+    cpu, dev = _pair(capacity)
+    for _ in range(1000):  # 10^6 writes
+        idx = rng.integers(0, capacity, size=1000)
+        vals = 10.0 ** rng.uniform(-12, 12, size=1000)
+        cpu.set(idx, vals)
+        dev.set(idx, vals)
+    exact = math.fsum(dev.leaves_copy().tolist())
+    assert abs(float(dev.total) - exact) <= 1e-12 * exact
+    assert abs(float(dev.total) - cpu.total) <= 1e-12 * exact
+    # a rebuilt tree is bit-identical to the updated one: nothing accumulated
+    before = [lv.clone() for lv in dev.levels] + [lv.clone() for lv in dev.min_levels[1:]]
+    dev.rebuild()
+    after = list(dev.levels) + list(dev.min_levels[1:])
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_batched_set_equals_the_same_writes_one_by_one() -> None:
+    rng = np.random.default_rng(2)
+    a, b = DeviceSumTree(3000, track_min=True), DeviceSumTree(3000, track_min=True)
+    idx = rng.integers(0, 3000, size=500)
+    idx[100:120] = idx[0]  # duplicates: the last one wins
+    vals = rng.random(500)
+    a.set(idx, vals)
+    for i, v in zip(idx, vals, strict=True):
+        b.set([i], [v])
+    assert all(torch.equal(x, y) for x, y in zip(a.levels, b.levels, strict=True))
+    assert torch.equal(a.min_positive, b.min_positive)
+    assert float(a.get([idx[0]])[0]) == vals[119]
+
+
+def test_target_at_the_total_never_lands_on_a_zero_leaf() -> None:
+    tree = DeviceSumTree(200)
+    vals = np.zeros(200)
+    vals[[3, 70, 150]] = [0.1, 0.2, 0.3]
+    tree.set(np.arange(200), vals)
+    total = float(tree.total)
+    got = tree.find([0.0, total, np.nextafter(total, 0.0), 0.1, 0.3 - 1e-17]).tolist()
+    assert got[:3] == [3, 150, 150]
+    assert all(vals[g] > 0 for g in got)
+
+
+def test_padding_and_layout() -> None:
+    for capacity in CAPACITIES:
+        sizes = layout(capacity)
+        assert sizes[0] % K == 0 and sizes[0] >= capacity and sizes[-1] == 1
+        assert all(s % K == 0 for s in sizes[1:-1])
+    x = torch.arange(2 * K, dtype=torch.float64).view(2, K)
+    assert torch.equal(pairwise_sum(x), x.sum(1))  # exact for small integers
+
+
+def test_bad_input_raises_and_changes_nothing() -> None:
+    tree = DeviceSumTree(100, track_min=True)
+    tree.set(np.arange(10), np.arange(1.0, 11.0))
+    before = [lv.clone() for lv in tree.levels + tree.min_levels[1:]]
+    for idx, vals, exc, word in [
+        ([1, 100], [1.0, 1.0], IndexError, "indices"),
+        ([-1], [1.0], IndexError, "indices"),
+        ([1], [-1.0], ValueError, ">= 0"),
+        ([1], [math.nan], ValueError, "finite"),
+        ([1], [math.inf], ValueError, "finite"),
+        ([1], [1e308], ValueError, "<="),
+        ([1, 2], [1.0], ValueError, "entries"),
+        ([0.5], [1.0], ValueError, "integers"),
+    ]:
+        with pytest.raises(exc, match=word):
+            tree.set(idx, vals)
+    with pytest.raises(ValueError, match="total"):
+        tree.find([float(tree.total) * 2])
+    after = tree.levels + tree.min_levels[1:]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    with pytest.raises(ValueError, match="positive total"):
+        DeviceSumTree(5).find([0.0])
