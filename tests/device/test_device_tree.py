@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fastper import SumTree  # noqa: E402
-from fastper.device.tree import K, DeviceSumTree, layout, pairwise_sum  # noqa: E402
+from fastper.device.tree import DeviceSumTree, K, layout, pairwise_sum  # noqa: E402
 
 CAPACITIES = [1, 7, 63, 64, 65, 1000, 4096, 4097, 70_000]
 

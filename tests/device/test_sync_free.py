@@ -55,7 +55,9 @@ def _loop(buf, steps: int = 5, batch: int = 64, dup: bool = True, device="cpu") 
 @pytest.mark.parametrize("norm", ["buffer", "batch", "none"])
 @pytest.mark.parametrize("stratified", [True, False])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_sample_update_and_tensor_add_do_not_sync(norm: str, stratified: bool, shuffle: bool) -> None:
+def test_sample_update_and_tensor_add_do_not_sync(
+    norm: str, stratified: bool, shuffle: bool
+) -> None:
     buf = _filled(weight_norm=norm, stratified=stratified, shuffle=shuffle, validate=False)
     with forbid_sync() as guard:
         _loop(buf)

@@ -90,13 +90,36 @@ class DeviceBatch:
         return int(self.indices.shape[0])
 
 
-def _tensor(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """1-D tensor of ``dtype`` on ``device`` (numpy / lists through numpy, not float32)."""
-    if not isinstance(value, torch.Tensor):
-        value = torch.as_tensor(np.asarray(value))
-    if value.ndim == 0:
-        value = value.reshape(1)
-    return value.to(device=device, dtype=dtype)
+def _tensor(name: str, value: Any, kinds: str, device: torch.device) -> torch.Tensor:
+    """A 1-D tensor on ``device``, int64 (``kinds="iu"``) or float64 (``"iuf"``).
+
+    Numpy arrays and lists go through numpy (so floats stay float64). Only the
+    dtype and the shape are checked (metadata: no host sync); a value of
+    another kind (floats as indices, bools, complex) is refused.
+    """
+    dtype = torch.int64 if kinds == "iu" else torch.float64
+    if isinstance(value, torch.Tensor):
+        if value.numel() and (
+            value.dtype == torch.bool
+            or value.is_complex()
+            or (kinds == "iu" and value.dtype.is_floating_point)
+        ):
+            what = "integers" if kinds == "iu" else "real numbers"
+            raise TypeError(f"`{name}` must hold {what}, got a {value.dtype} tensor")
+        t = value
+    else:
+        arr = np.asarray(value)
+        if arr.size and arr.dtype.kind not in kinds:
+            what = "integers" if kinds == "iu" else "real numbers"
+            raise TypeError(f"`{name}` must hold {what}, got {name}={show(value)}")
+        t = torch.as_tensor(
+            arr if arr.size else arr.astype(np.float64 if "f" in kinds else np.int64)
+        )
+    if t.ndim == 0:
+        t = t.reshape(1)
+    if t.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {tuple(t.shape)}")
+    return t.to(device=device, dtype=dtype)
 
 
 class _DeviceBuffer:
@@ -151,6 +174,12 @@ class _DeviceBuffer:
             self._max_policy = check_real(
                 "max_priority", max_priority, minimum=0.0, strict_min=True
             )
+            cap = math.inf if self._clip is None else self._clip + self._eps
+            if self._max_policy > cap:
+                raise ValueError(
+                    f"`max_priority` must be <= clip + eps = {cap!r} (no update can reach "
+                    f"more), got max_priority={self._max_policy!r}"
+                )
         for flag, value in (
             ("stratified", stratified),
             ("shuffle", shuffle),
@@ -313,7 +342,7 @@ class _DeviceBuffer:
 
     def _slots(self, indices: Any) -> torch.Tensor:
         """Validated slots (host check: syncs), for the introspection methods."""
-        idx = _tensor(indices, torch.int64, self._device)
+        idx = _tensor("indices", indices, "iu", self._device)
         n = len(self)
         bad = (idx < 0) | (idx >= n)
         if idx.numel() and bool(bad.any()):
@@ -429,7 +458,7 @@ class _DeviceBuffer:
                 )
         p = None
         if priorities is not None:
-            p = _tensor(priorities, torch.float64, self._device)
+            p = _tensor("priorities", priorities, "iuf", self._device)
             if p.shape[0] != k:
                 raise ValueError(
                     f"`priorities` must have {k} entries (one per row), got {p.shape[0]}"
@@ -541,21 +570,10 @@ class _DeviceBuffer:
                 never issued.
         """
         dev = self._device
-        idx = _tensor(indices, torch.int64, dev) if not (
-            isinstance(indices, torch.Tensor) and indices.dtype == torch.int64
-            and indices.device == dev and indices.ndim == 1
-        ) else indices  # fmt: skip
-        if (
-            not isinstance(td_errors, torch.Tensor)
-            and np.asarray(td_errors).dtype.kind not in "iuf"
-        ):
-            raise TypeError(f"`td_errors` must hold real numbers, got {show(td_errors)}")
-        td = _tensor(td_errors, torch.float64, dev)
+        idx = _tensor("indices", indices, "iu", dev)
+        td = _tensor("td_errors", td_errors, "iuf", dev)
         use_keys = keys is not None
-        key_t = _tensor(keys, torch.int64, dev) if use_keys else None
-        for name, t in (("indices", idx), ("td_errors", td), ("keys", key_t)):
-            if t is not None and t.ndim != 1:
-                raise ValueError(f"`{name}` must be 1-D, got shape {tuple(t.shape)}")
+        key_t = _tensor("keys", keys, "iu", dev) if use_keys else None
         b = idx.shape[0]
         for name, t in (("td_errors", td), ("keys", key_t)):
             if t is not None and t.shape[0] != b:

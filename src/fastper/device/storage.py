@@ -145,7 +145,10 @@ class TorchStorage:
                 return src[:k]
             arr = src[:k]  # a host tensor: staged like host arrays
         else:
-            arr = torch.from_numpy(np.ascontiguousarray(src[:k]))
+            host = np.ascontiguousarray(src[:k])
+            if not host.flags.writeable:  # torch warns on read-only memory; only read here
+                host = host.copy()
+            arr = torch.from_numpy(host)
         if not self._pinned:
             return arr
         stage = self._staging.get(name)
