@@ -488,15 +488,17 @@ class _DeviceBuffer:
         self._storage.write(start, prepared, k)
         w.advance(k)
         slots = (start + torch.arange(k, dtype=torch.int64, device=self._device)) % self._capacity
+        first = min(k, self._capacity - start)  # the run, and its wrapped rest
         if p is None:
             value = self._new_priority()
-            first = min(k, self._capacity - start)
             self._index.fill(start, first, value)
             if first < k:
                 self._index.fill(0, k - first, value)
         else:
             self._max_seen = torch.maximum(self._max_seen, p.max())
-            self._index.write(slots, p)
+            self._index.write(start, p[:first])
+            if first < k:
+                self._index.write(0, p[first:])
         return slots
 
     # -- sample ------------------------------------------------------------------------

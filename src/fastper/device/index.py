@@ -6,7 +6,7 @@
 * :class:`NumbaIndex` (the CPU device only; its default): fastper's compiled
   kernels (:mod:`fastper._kernels.prioritized`) run on numpy views of the
   same memory the tensors use. On a CPU each tensor operation costs a few
-  microseconds of dispatch, and a sample + update is a few hundred of them;
+  microseconds of dispatch, and a sample + update is about 290 of them;
   the kernels do it in two calls.
 
 Both draw the same targets from the same uniforms (the buffer's torch
@@ -16,7 +16,7 @@ within rounding of a boundary between two leaves.
 
 Contract (the buffer holds its lock around every call; tensors on the device):
     ``fill(lo, count, value)``: new slots ``lo .. lo+count-1`` (no wrap) get priority ``value`` (0-dim).
-    ``write(slots, p)``: distinct slots get priorities ``p`` (checked by the caller).
+    ``write(lo, p)``: slots ``lo .. lo+len(p)-1`` (no wrap) get priorities ``p`` (checked by the caller).
     ``draw(u, n, beta, norm, key_base, added)``: slots, P(i), weights (float64), keys.
     ``update(idx, td, keys, ...)``: validate, drop stale, last duplicate wins;
     returns (applied, largest applied priority, stale, invalid) as 0-dim tensors.
@@ -111,10 +111,12 @@ class TorchIndex:
         if self.prioritized:
             self.tree._fill_run(lo, count, self.leaf(value))
 
-    def write(self, slots: torch.Tensor, p: torch.Tensor) -> None:
-        self.raw.index_copy_(0, slots, p)
+    def write(self, lo: int, p: torch.Tensor) -> None:
+        count = p.shape[0]
+        self.raw[lo : lo + count] = p
         if self.prioritized:
-            self.tree._write(slots, self.leaf(p))
+            self.tree.leaves[lo : lo + count] = self.leaf(p)
+            self.tree._fix_range(lo, lo + count - 1)
 
     def draw(
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str,
@@ -233,8 +235,9 @@ class NumbaIndex:
     def fill(self, lo: int, count: int, value: torch.Tensor) -> None:
         self.sampler.write_run(lo, count, float(value))
 
-    def write(self, slots: torch.Tensor, p: torch.Tensor) -> None:
-        self.sampler.write(slots.numpy(), p.numpy(), new=True)
+    def write(self, lo: int, p: torch.Tensor) -> None:
+        slots = np.arange(lo, lo + p.shape[0], dtype=np.int64)
+        self.sampler.write(slots, p.numpy(), new=True)
 
     def draw(
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str,

@@ -1,0 +1,610 @@
+"""Replay on a torch device: one learner step (sample + update) of a full buffer.
+
+Usage:
+    python benchmarks/device.py [--device cuda|cpu] [--capacity N] [--batch 4096 ...]
+                                [--repeats 7] [--block-s 0.1] [--threads T ...] [--quick]
+                                [--out benchmarks/results/device.md]
+
+Defaults: ``--device cuda`` when ``torch.cuda.is_available()`` (else ``cpu``),
+``--capacity`` 2^24 on cuda and 2^20 on cpu, ``--batch 4096``. One command
+measures every variant below in the same process, so each ratio compares
+figures of one run.
+
+Buffers. Each buffer is filled to ``--capacity`` with CartPole-like rows
+(``fastper._bench.FIELDS``: obs (4,) float32, action int64, reward float32,
+next_obs (4,) float32, done float32; 48 bytes a row), in chunks of 2^16 rows
+(2^18 on cuda), with the same random priorities |N(0, 1)| + 0.01 given at
+``add`` (TorchRL: ``extend`` then ``update_priority``). alpha 0.6, beta 0.4.
+
+One step, the learner's replay work: ``sample(B)``, then
+``update_priorities`` of those B slots with |td| errors (|N(0, 1)|, float32,
+drawn before the timing: a pool of 16, used in turn; on the device for the
+device variants, numpy for the reference). Variants:
+
+1. ``fastper.device.DevicePrioritizedReplayBuffer(backend="torch", validate=False)``
+   (sync-free), ``update_priorities(batch.indices, td, keys=batch.keys)``;
+2. the same with ``validate=True`` (one flag read back per update);
+3. on the cpu device only, ``backend="numba"`` (the CPU default; ``validate=True``);
+4. ``fastper.PrioritizedReplayBuffer`` (host) + ``SampleBatch.to_torch(device)``,
+   update from the device td tensor brought back with ``.cpu().numpy()``
+   (what a GPU user does without ``fastper.device``);
+5. TorchRL: ``ReplayBuffer(storage=LazyTensorStorage(N, device=device),
+   sampler=PrioritizedSampler(N, 0.6, 0.4, eps=1e-6))`` (float32 trees, its
+   default), ``sample(B, return_info=True)`` + ``update_priority(info["index"], td)``;
+   "not installed" / "unavailable" when it cannot run (the run goes on);
+6. the reference: ``fastper.PrioritizedReplayBuffer`` alone (numba kernels,
+   numpy in and out), ``sample(B)`` + ``update_priorities(indices, td, keys)``.
+
+Timing. Per variant: a warm-up of 3 steps, then a calibration that sets the
+steps per block (about ``--block-s`` seconds, 3 to 2000 steps). Then
+``--repeats`` rounds, each timing every variant in turn (interleaved: the
+machine's speed drifts) in three blocks: the loop step (sample + update),
+``sample`` alone, and ``update`` alone (of one batch sampled before the block,
+its keys still fresh: nothing is added while timing). A block is timed with
+``time.perf_counter`` around all its steps; on cuda ``torch.cuda.synchronize()``
+runs before reading the clock at both ends, never inside the block. Reported:
+the median over rounds of each block's time per step (us), and the median over
+rounds of the round's ratio loop / reference loop.
+
+Syncs (cuda only): after the timing, 20 steps of each device variant run
+under ``torch.cuda.set_sync_debug_mode("warn")``; the synchronising-operation
+warnings recorded (``warnings.catch_warnings``) / 20 is the syncs per step
+(the mode is restored afterwards). On the cpu device: "n/a (CPU device)".
+
+``--threads T [T ...]``: ``torch.set_num_threads`` for a section of the
+report each (the buffers are built once). Default: torch's own setting.
+
+Targets (issue): on a GPU, sample + update of 4096 at 2^24 in < 1 ms with zero
+syncs (variant 1; evaluated only on cuda at that size); on the CPU device,
+every device-buffer variant within 3x of the reference. Results go to
+``--out`` as markdown with the machine and the exact command. ``--quick``: a
+smoke run (2^12 slots, B = 64, 2 rounds, a few seconds) that writes nothing
+unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import math
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import fastper
+import fastper.device as fd
+from fastper._bench import FIELDS, _batch
+
+HERE = Path(__file__).resolve().parent
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
+TD_POOL = 16
+SYNC_STEPS = 20
+CPU_TARGET = 3.0  # device buffer on the cpu device: within 3x of the reference
+GPU_TARGET_US = 1000.0  # sample + update of 4096 at 2^24
+GPU_TARGET_B, GPU_TARGET_N = 4096, 1 << 24
+REF = "reference"
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+# -- variants ---------------------------------------------------------------------------
+class Variant:
+    """One buffer and how a learner samples it and updates it."""
+
+    key = ""
+    label = ""
+    device_side = True  # does the step hand tensors to the device (sync counting)?
+
+    def sample(self, b: int) -> Any:
+        raise NotImplementedError
+
+    def update(self, handle: Any, td: Any) -> None:
+        raise NotImplementedError
+
+
+class DeviceVariant(Variant):
+    """``fastper.device.DevicePrioritizedReplayBuffer``."""
+
+    def __init__(self, key: str, label: str, buf: fd.DevicePrioritizedReplayBuffer) -> None:
+        self.key, self.label, self.buf = key, label, buf
+
+    def sample(self, b: int) -> fd.DeviceBatch:
+        return self.buf.sample(b)
+
+    def update(self, handle: fd.DeviceBatch, td: torch.Tensor) -> None:
+        self.buf.update_priorities(handle.indices, td, keys=handle.keys)
+
+
+class HostVariant(Variant):
+    """``fastper.PrioritizedReplayBuffer``: numpy only (the reference) or via ``to_torch``."""
+
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        buf: fastper.PrioritizedReplayBuffer,
+        device: torch.device | None,
+    ) -> None:
+        self.key, self.label, self.buf, self.device = key, label, buf, device
+        self.device_side = device is not None
+
+    def sample(self, b: int) -> tuple[Any, Any]:
+        s = self.buf.sample(b)
+        return s, (s.to_torch(self.device) if self.device is not None else None)
+
+    def update(self, handle: tuple[Any, Any], td: Any) -> None:
+        s, _ = handle
+        if self.device is not None:
+            td = td.cpu().numpy()
+        self.buf.update_priorities(s.indices, td, keys=s.keys)
+
+
+class TorchrlVariant(Variant):
+    """TorchRL's ``ReplayBuffer`` over a ``LazyTensorStorage`` with a ``PrioritizedSampler``."""
+
+    key = "torchrl"
+
+    def __init__(self, rb: Any, version: str) -> None:
+        self.rb = rb
+        self.label = f"TorchRL {version}: LazyTensorStorage + PrioritizedSampler"
+
+    def sample(self, b: int) -> Any:
+        return self.rb.sample(b, return_info=True)
+
+    def update(self, handle: Any, td: torch.Tensor) -> None:
+        self.rb.update_priority(handle[1]["index"], td)
+
+
+# -- building ---------------------------------------------------------------------------
+@dataclass
+class Setup:
+    device: torch.device
+    capacity: int
+    chunk: int
+    rows: dict[str, np.ndarray]  # one chunk of host rows, reused for every chunk
+    priorities: np.ndarray  # float64, one per slot
+
+    def device_rows(self) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v).to(self.device) for k, v in self.rows.items()}
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [
+            (lo, min(self.chunk, self.capacity - lo)) for lo in range(0, self.capacity, self.chunk)
+        ]
+
+
+def make_setup(device: torch.device, capacity: int) -> Setup:
+    rng = np.random.default_rng(0)
+    chunk = min(capacity, 1 << (18 if device.type == "cuda" else 16))
+    pri = np.abs(rng.standard_normal(capacity)) + 0.01
+    return Setup(device, capacity, chunk, _batch(rng, chunk), pri)
+
+
+def fill_device(setup: Setup, backend: str, validate: bool) -> fd.DevicePrioritizedReplayBuffer:
+    buf = fd.DevicePrioritizedReplayBuffer(
+        setup.capacity, FIELDS, device=setup.device, alpha=ALPHA, beta=BETA, eps=EPS,
+        seed=0, validate=validate, backend=backend,
+    )  # fmt: skip
+    rows = setup.device_rows()
+    for lo, k in setup.spans():
+        part = rows if k == setup.chunk else {n: t[:k] for n, t in rows.items()}
+        buf.add(part, priorities=setup.priorities[lo : lo + k])
+    return buf
+
+
+def fill_host(setup: Setup) -> fastper.PrioritizedReplayBuffer:
+    buf = fastper.PrioritizedReplayBuffer(
+        setup.capacity, FIELDS, alpha=ALPHA, beta=BETA, eps=EPS, seed=0
+    )
+    for lo, k in setup.spans():
+        part = setup.rows if k == setup.chunk else {n: a[:k] for n, a in setup.rows.items()}
+        buf.add(part, priorities=setup.priorities[lo : lo + k])
+    return buf
+
+
+def torchrl_status() -> tuple[str | None, str]:
+    """(TorchRL version or None, why it cannot run: "" when it can)."""
+    try:
+        torchrl = importlib.import_module("torchrl")
+        importlib.import_module("tensordict")
+    except ImportError as exc:
+        return None, f"not installed ({exc})"
+    except Exception as exc:  # a broken install must not stop the run
+        return None, f"unavailable: import failed: {type(exc).__name__}: {exc}"[:300]
+    version = str(getattr(torchrl, "__version__", "?"))
+    try:  # its segment trees: a wheel built for another torch fails here
+        importlib.import_module("torchrl._torchrl")
+    except Exception as exc:
+        msg = re.sub(r"\S*/", "", str(exc))  # no directories
+        return version, (
+            f"unavailable: its C++ extension torchrl._torchrl (the segment trees of "
+            f"PrioritizedSampler) does not load with torch {torch.__version__} "
+            f"({type(exc).__name__}: {msg[:90]}{'...' if len(msg) > 90 else ''})"
+        )
+    return version, ""
+
+
+def fill_torchrl(setup: Setup, version: str) -> TorchrlVariant:
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
+
+    dev, n = setup.device, setup.capacity
+    np.random.seed(0)  # noqa: NPY002 - TorchRL's CPU sampler draws from np.random
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(n, device=dev),
+        sampler=PrioritizedSampler(n, ALPHA, BETA, eps=EPS),
+    )
+    rows = setup.device_rows()
+    for lo, k in setup.spans():
+        part = TensorDict({name: t[:k] for name, t in rows.items()}, batch_size=[k], device=dev)
+        index = rb.extend(part)
+        rb.update_priority(index, torch.from_numpy(setup.priorities[lo : lo + k]).to(dev))
+    return TorchrlVariant(rb, version)
+
+
+def build(setup: Setup, notes: dict[str, str]) -> list[Variant]:
+    """Every variant, filled; a variant that cannot run is left out with a note."""
+    dev = setup.device
+    variants: list[Variant] = []
+    specs = [("torch_nv", "torch", False), ("torch_v", "torch", True)]
+    if dev.type == "cpu":
+        specs.append(("numba", "numba", True))
+    for key, backend, validate in specs:
+        t0 = time.perf_counter()
+        buf = fill_device(setup, backend, validate)
+        variants.append(DeviceVariant(
+            key, f"fastper.device, backend={backend}, validate={validate}", buf
+        ))  # fmt: skip
+        print(f"  filled {key} in {time.perf_counter() - t0:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    host = fill_host(setup)
+    print(f"  filled the host buffer in {time.perf_counter() - t0:.1f} s", flush=True)
+    variants.append(HostVariant(
+        "to_torch", f"fastper CPU buffer + to_torch({dev.type}), td .cpu().numpy()", host, dev
+    ))  # fmt: skip
+    version, why = torchrl_status()
+    if why:
+        notes["torchrl"] = why if version is None else f"TorchRL {version}: {why}"
+    else:
+        assert version is not None
+        try:
+            t0 = time.perf_counter()
+            variants.append(fill_torchrl(setup, version))
+            print(f"  filled torchrl in {time.perf_counter() - t0:.1f} s", flush=True)
+        except Exception as exc:  # a peer failing must not stop the run
+            notes["torchrl"] = f"TorchRL {version}: failed: {type(exc).__name__}: {exc}"[:300]
+    variants.append(HostVariant(REF, "fastper CPU buffer, numpy (reference)", host, None))
+    return variants
+
+
+# -- timing -----------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Pools:
+    device: list[torch.Tensor]
+    host: list[np.ndarray]
+
+    def for_variant(self, v: Variant) -> list[Any]:
+        return self.device if v.device_side else self.host
+
+
+def make_pools(device: torch.device, b: int) -> Pools:
+    gen = torch.Generator().manual_seed(1)
+    host = [torch.randn(b, generator=gen).abs() for _ in range(TD_POOL)]
+    return Pools([t.to(device) for t in host], [t.numpy() for t in host])
+
+
+def _block(fn: Callable[[int], None], steps: int, device: torch.device) -> float:
+    """Seconds per step of ``steps`` calls of ``fn(i)``, synchronised at both ends only."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        fn(i)
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def blocks(v: Variant, b: int, tds: list[Any]) -> dict[str, Callable[[int], None]]:
+    """The three timed blocks of a variant: loop (sample + update), sample, update."""
+    held = v.sample(b)  # the batch the update-only block updates again and again
+    n = len(tds)
+    return {
+        "loop": lambda i: v.update(v.sample(b), tds[i % n]),
+        "sample": lambda i: v.sample(b),
+        "update": lambda i: v.update(held, tds[i % n]),
+    }
+
+
+def count_syncs(v: Variant, b: int, tds: list[Any]) -> float:
+    """Synchronising CUDA operations per step (``set_sync_debug_mode("warn")``)."""
+    v.update(v.sample(b), tds[0])  # allocator and caches warm
+    torch.cuda.synchronize()
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(SYNC_STEPS):
+                v.update(v.sample(b), tds[i % len(tds)])
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    torch.cuda.synchronize()
+    syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+    return len(syncs) / SYNC_STEPS
+
+
+@dataclass
+class Result:
+    key: str
+    label: str
+    us: dict[str, float] = field(default_factory=dict)  # loop / sample / update
+    ratio: float = math.nan
+    ratio_range: tuple[float, float] = (math.nan, math.nan)
+    syncs: float | None = None
+    steps: int = 0
+
+
+def measure(
+    variants: list[Variant], b: int, repeats: int, block_s: float, device: torch.device
+) -> list[Result]:
+    pools = make_pools(device, b)
+    plans: dict[str, tuple[dict[str, Callable[[int], None]], int]] = {}
+    for v in variants:
+        tds = pools.for_variant(v)
+        fns = blocks(v, b, tds)
+        for i in range(3):
+            fns["loop"](i)
+        per_step = _block(fns["loop"], 3, device)
+        steps = int(min(2000, max(3, math.ceil(block_s / max(per_step, 1e-9)))))
+        plans[v.key] = (fns, steps)
+    times: dict[str, dict[str, list[float]]] = {
+        v.key: {"loop": [], "sample": [], "update": []} for v in variants
+    }
+    for r in range(repeats):
+        for v in variants:
+            fns, steps = plans[v.key]
+            for name in ("loop", "sample", "update"):
+                times[v.key][name].append(_block(fns[name], steps, device))
+        ref = times[REF]["loop"][-1] * 1e6
+        line = ", ".join(f"{v.key} {times[v.key]['loop'][-1] * 1e6:.0f}" for v in variants)
+        print(f"    round {r + 1}/{repeats} (us/step, ref {ref:.0f}): {line}", flush=True)
+    ref_loop = np.asarray(times[REF]["loop"])
+    results = []
+    for v in variants:
+        t = times[v.key]
+        ratios = np.asarray(t["loop"]) / ref_loop
+        res = Result(v.key, v.label, steps=plans[v.key][1])
+        res.us = {name: float(np.median(t[name])) * 1e6 for name in t}
+        res.ratio = float(np.median(ratios))
+        res.ratio_range = (float(ratios.min()), float(ratios.max()))
+        if device.type == "cuda" and v.device_side:
+            res.syncs = count_syncs(v, b, pools.for_variant(v))
+        results.append(res)
+    return results
+
+
+# -- report -----------------------------------------------------------------------------
+def _log2(n: int) -> str:
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _loadavg() -> str:
+    try:
+        return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (
+            f"{props.name} ({props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, "
+            f"driver-visible devices {torch.cuda.device_count()})"
+        )
+    return "the CPU device (torch tensors in host memory)"
+
+
+def _versions() -> str:
+    import numba
+
+    parts = [f"fastper {fastper.__version__}", f"torch {torch.__version__}",
+             f"numpy {np.__version__}", f"numba {numba.__version__}",
+             f"Python {platform.python_version()}"]  # fmt: skip
+    omp = {k: os.environ.get(k, "unset") for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    backend = [
+        line.split(":", 1)[1].strip()
+        for line in torch.__config__.parallel_info().splitlines()
+        if line.startswith("ATen parallel backend")
+    ]
+    parts.append(
+        f"torch intra-op threads by default {DEFAULT_THREADS} (parallel backend "
+        f"{backend[0] if backend else '?'}; " + ", ".join(f"{k}={v}" for k, v in omp.items()) + ")"
+    )
+    return ", ".join(parts)
+
+
+@dataclass
+class Section:
+    batch: int
+    threads: int
+    results: list[Result]
+
+
+def _syncs_cell(r: Result, device: torch.device) -> str:
+    if device.type != "cuda":
+        return "n/a (CPU device)"
+    if r.syncs is None:
+        return "n/a (host)"
+    return f"{r.syncs:g}"
+
+
+def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str]:
+    lines = [
+        "| variant | sample + update us | ratio vs reference [range] | sample us | update us "
+        "| syncs / step | steps / block |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sec.results:
+        ratio = (
+            "1 (reference)"
+            if r.key == REF
+            else f"{r.ratio:.2f} [{r.ratio_range[0]:.2f}, {r.ratio_range[1]:.2f}]"
+        )
+        lines.append(
+            f"| {r.label} | {r.us['loop']:,.0f} | {ratio} | {r.us['sample']:,.0f} "
+            f"| {r.us['update']:,.0f} | {_syncs_cell(r, device)} | {r.steps} |"
+        )
+    if "torchrl" in notes:
+        lines.append(f"| TorchRL | {notes['torchrl']} | - | - | - | - | - |")
+    return lines
+
+
+def targets(sections: list[Section], device: torch.device, capacity: int) -> list[str]:
+    out = ["## Targets (from the issue)", ""]
+    gpu = "- GPU: sample + update of 4096 at 2^24 in < 1 ms, zero syncs (backend=torch, validate=False): "
+    if device.type != "cuda":
+        out.append(gpu + "not evaluated (needs a cuda device).")
+    else:
+        hits = [
+            (s, r) for s in sections if s.batch == GPU_TARGET_B
+            for r in s.results if r.key == "torch_nv"
+        ]  # fmt: skip
+        if capacity != GPU_TARGET_N or not hits:
+            out.append(gpu + f"not evaluated (this run: N = {_log2(capacity)}, B = "
+                       f"{[s.batch for s in sections]}; needs N = 2^24, B = 4096).")  # fmt: skip
+        for s, r in hits if capacity == GPU_TARGET_N else []:
+            ok = r.us["loop"] < GPU_TARGET_US and r.syncs == 0
+            out.append(
+                gpu + f"{r.us['loop']:,.0f} us, {r.syncs:g} syncs / step "
+                f"(threads {s.threads}): **{'PASS' if ok else 'FAIL'}**."
+            )
+    cpu = "- CPU device: sample + update of the device buffer within 3x of the numba CPU buffer"
+    if device.type != "cpu":
+        out.append(cpu + ": not evaluated (needs the cpu device).")
+        return out
+    out.append(cpu + " (ratio: median over rounds of variant / reference):")
+    for s in sections:
+        cells = []
+        for r in s.results:
+            if r.key in ("torch_nv", "torch_v", "numba"):
+                ok = r.ratio <= CPU_TARGET
+                cells.append(f"{r.label.removeprefix('fastper.device, ')} {r.ratio:.2f}x "
+                             f"**{'PASS' if ok else 'FAIL'}**")  # fmt: skip
+        out.append(f"  - B = {s.batch}, torch threads {s.threads}: " + "; ".join(cells) + ".")
+    return out
+
+
+def report(
+    sections: list[Section], args: argparse.Namespace, notes: dict[str, str],
+    command: str, seconds: float, load_before: str,
+) -> str:  # fmt: skip
+    dev = args.device
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Replay on a torch device: sample + update",
+        "",
+        f"`{command}` on {when} ({seconds:.0f} s in all).",
+        "",
+        f"Machine: {_cpu_model()}, {os.cpu_count()} cores (`os.cpu_count()`), "
+        f"{platform.machine()}; device: {_device_name(dev)}; {_versions()}. "
+        f"Load average before the run: {load_before}; after: {_loadavg()}.",
+        "",
+        f"Buffers: capacity {args.capacity:,} ({_log2(args.capacity)}), full, CartPole-like "
+        "rows (`fastper._bench.FIELDS`, 48 bytes a row), priorities |N(0, 1)| + 0.01 given "
+        "at the fill, alpha 0.6, beta 0.4, eps 1e-6. One step: `sample(B)` + "
+        "`update_priorities` of those B slots with |N(0, 1)| td errors (float32; on the "
+        "device for the device-side variants). Each figure: the median over "
+        f"{args.repeats} interleaved rounds of one block's time per step (us); ratio: the "
+        "median over rounds of the round's variant / reference loop, its range in "
+        "brackets. `sample us` / `update us`: blocks of `sample` alone and of `update` "
+        "alone (of one batch, again and again). The reference is fastper's CPU buffer "
+        "(`fastper.PrioritizedReplayBuffer`, numba kernels) with numpy in and out. "
+        "`torch threads`: `torch.set_num_threads` for that section (torch's intra-op "
+        "pool, used by the tensor operations of the device buffers, `to_torch` and TorchRL; "
+        "not by the numba kernels, nor by the reference). "
+        "See the docstring of `benchmarks/device.py` for exactly what is timed.",
+    ]
+    for s in sections:
+        lines += ["", f"## B = {s.batch}, torch threads = {s.threads}", ""]
+        lines += table(s, dev, notes)
+    lines += ["", *targets(sections, dev, args.capacity)]
+    return "\n".join(lines) + "\n"
+
+
+# -- main -------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--capacity", type=int, default=None, help="default 2^24 on cuda, 2^20 on cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[4096])
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds")
+    ap.add_argument("--block-s", type=float, default=0.1, help="target seconds per timed block")
+    ap.add_argument("--threads", type=int, nargs="+", default=None,
+                    help="torch.set_num_threads, one report section each (default: torch's)")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="a small smoke run; writes no file")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.quick:
+        args.capacity = args.capacity or 1 << 12
+        args.batch, args.repeats, args.block_s = [64], 2, 0.01
+    elif args.out is None:
+        args.out = HERE / "results" / "device.md"
+    if args.capacity is None:
+        args.capacity = 1 << 24 if args.device.type == "cuda" else 1 << 20
+    threads = args.threads or [torch.get_num_threads()]
+    command = "python benchmarks/device.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    load_before = _loadavg()
+    torch.manual_seed(0)
+    t_start = time.perf_counter()
+    print(f"device {args.device}, N = {_log2(args.capacity)}, B = {args.batch}, "
+          f"threads {threads}: filling", flush=True)  # fmt: skip
+    notes: dict[str, str] = {}
+    variants = build(make_setup(args.device, args.capacity), notes)
+    if notes:
+        print(f"  {notes}", flush=True)
+    sections = []
+    for t in threads:
+        torch.set_num_threads(t)
+        for b in args.batch:
+            print(f"  B = {b}, torch threads {t}", flush=True)
+            results = measure(variants, b, args.repeats, args.block_s, args.device)
+            sections.append(Section(b, t, results))
+    del variants
+    gc.collect()
+    text = report(sections, args, notes, command, time.perf_counter() - t_start, load_before)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
