@@ -42,7 +42,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -98,6 +98,9 @@ def _tensor(name: str, value: Any, kinds: str, device: torch.device) -> torch.Te
     another kind (floats as indices, bools, complex) is refused.
     """
     dtype = torch.int64 if kinds == "iu" else torch.float64
+    if type(value) is torch.Tensor and value.dtype == dtype and value.ndim == 1:
+        # the common case: tensors straight from a DeviceBatch
+        return value if value.device == device else value.to(device)
     if isinstance(value, torch.Tensor):
         if value.numel() and (
             value.dtype == torch.bool
@@ -537,16 +540,18 @@ class _DeviceBuffer:
         dev, f64 = self._device, torch.float64
         u = torch.rand(b, generator=self._gen, dtype=f64, device=dev)
         w = self._writer
-        idx, prob, weights, keys = self._index.draw(
-            u, n, beta_v, self._stratified, self._weight_norm, w.key_base, w.added
+        # slices come out in slot order: minibatches cut from a batch would each
+        # get a contiguous piece of the ring
+        perm = (
+            torch.randperm(b, generator=self._gen, device=dev) if self._shuffle and b > 1 else None
         )
-        if self._shuffle and b > 1:
-            perm = torch.randperm(b, generator=self._gen, device=dev)
-            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
+        idx, prob, weights, keys = self._index.draw(
+            u, n, beta_v, self._stratified, self._weight_norm, w.key_base, w.added, perm
+        )
         batch = DeviceBatch(
             data=self._storage.gather(idx),
             indices=idx,
-            weights=weights.to(torch.float32),
+            weights=weights,
             probabilities=prob,
             keys=keys,
         )
@@ -599,11 +604,20 @@ class _DeviceBuffer:
             if gen_state is not None:
                 self._gen.set_state(gen_state)
             raise
-        self._max_seen = torch.maximum(self._max_seen, pmax.to(dev))
-        self._stale += stale.to(dev)
-        if not self._validate:
-            self._invalid += invalid.to(dev)
-        return applied.to(dev)
+        if isinstance(applied, torch.Tensor):  # device values: no sync
+            self._max_seen = torch.maximum(self._max_seen, cast(torch.Tensor, pmax))
+            self._stale += stale
+            if not self._validate:
+                self._invalid += invalid
+            return applied
+        # host numbers (the numba back end, CPU only): skip the no-op tensor calls
+        if float(pmax) > float(self._max_seen):
+            self._max_seen = torch.tensor(float(pmax), dtype=torch.float64)
+        if stale:
+            self._stale += stale
+        if invalid and not self._validate:
+            self._invalid += invalid
+        return torch.tensor(applied)
 
     # -- housekeeping ------------------------------------------------------------------
     @locked

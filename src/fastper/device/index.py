@@ -6,7 +6,7 @@
 * :class:`NumbaIndex` (the CPU device only; its default): fastper's compiled
   kernels (:mod:`fastper._kernels.prioritized`) run on numpy views of the
   same memory the tensors use. On a CPU each tensor operation costs a few
-  microseconds of dispatch, and a sample + update is about 290 of them;
+  microseconds of dispatch, and a sample + update is a few hundred of them;
   the kernels do it in two calls.
 
 Both draw the same targets from the same uniforms (the buffer's torch
@@ -17,9 +17,11 @@ within rounding of a boundary between two leaves.
 Contract (the buffer holds its lock around every call; tensors on the device):
     ``fill(lo, count, value)``: new slots ``lo .. lo+count-1`` (no wrap) get priority ``value`` (0-dim).
     ``write(lo, p)``: slots ``lo .. lo+len(p)-1`` (no wrap) get priorities ``p`` (checked by the caller).
-    ``draw(u, n, beta, norm, key_base, added)``: slots, P(i), weights (float64), keys.
+    ``draw(u, n, beta, stratified, norm, key_base, added, perm)``: slots, P(i),
+    weights (float32) and keys, in the order ``perm`` (if given).
     ``update(idx, td, keys, ...)``: validate, drop stale, last duplicate wins;
-    returns (applied, largest applied priority, stale, invalid) as 0-dim tensors.
+    returns (applied, largest applied priority, stale, invalid): 0-dim device
+    tensors (torch), host numbers (numba).
     ``set_alpha(alpha, n)``: re-weigh every stored priority. O(N).
 """
 
@@ -120,15 +122,23 @@ class TorchIndex:
 
     def draw(
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str,
-        key_base: int, added: int,
+        key_base: int, added: int, perm: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        idx, prob, weights = self._draw(u, n, beta, stratified, norm)
+        if perm is not None:
+            idx, prob, weights = idx[perm], prob[perm], weights[perm]
+        return idx, prob, weights.to(torch.float32), slot_keys(idx, key_base, added, self.capacity)
+
+    def _draw(
+        self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = u.shape[0]
         k = torch.arange(b, dtype=torch.float64, device=self.device) if stratified else None
         if not self.prioritized:
             pos = (k + u) * (n / b) if k is not None else u * n
             idx = pos.to(torch.int64).clamp_(max=n - 1)
             prob = torch.full((b,), 1.0 / n, dtype=torch.float64, device=self.device)
-            return idx, prob, torch.ones_like(prob), slot_keys(idx, key_base, added, self.capacity)
+            return idx, prob, torch.ones_like(prob)
         tree = self.tree
         total = tree.total
         idx = tree._find((k + u) * total / b if k is not None else u * total)
@@ -139,7 +149,7 @@ class TorchIndex:
             weights = (leaf / leaf.min()).pow(-beta)
         else:
             weights = (n * (leaf / total)).pow(-beta)
-        return idx, leaf / total, weights, slot_keys(idx, key_base, added, self.capacity)
+        return idx, leaf / total, weights
 
     def update(
         self, idx: torch.Tensor, td: torch.Tensor, keys: torch.Tensor | None, eps: float,
@@ -241,17 +251,21 @@ class NumbaIndex:
 
     def draw(
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str,
-        key_base: int, added: int,
+        key_base: int, added: int, perm: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        out = self.sampler.sample(
+        idx, prob, w, keys = self.sampler.sample(
             u.numpy(), n, beta, stratified, NORMS.index(norm), key_base, added
         )
-        return tuple(torch.from_numpy(a) for a in out)  # type: ignore[return-value]
+        if perm is not None:
+            p = perm.numpy()
+            idx, prob, w, keys = idx[p], prob[p], w[p], keys[p]
+        w32 = w.astype(np.float32)
+        return tuple(torch.from_numpy(a) for a in (idx, prob, w32, keys))  # type: ignore[return-value]
 
     def update(
         self, idx: torch.Tensor, td: torch.Tensor, keys: torch.Tensor | None, eps: float,
         clip: float | None, n: int, key_base: int, added: int, validate: bool, noisy: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    ) -> tuple[int, float, int, int]:  # fmt: skip
         idx_a, td_a = idx.numpy(), td.numpy()
         key_a = keys.numpy() if keys is not None else np.empty(0, dtype=np.int64)
         clip_v = math.inf if clip is None else clip
@@ -274,8 +288,7 @@ class NumbaIndex:
                 idx_a[ok], td_a[ok], sub_keys, keys is not None, eps, clip_v, n, key_base, added
             )
         st = self._status
-        return (torch.tensor(int(st[2])), torch.tensor(pmax, dtype=torch.float64),
-                torch.tensor(int(st[3])), torch.tensor(invalid))  # fmt: skip
+        return int(st[2]), pmax, int(st[3]), invalid  # host numbers: the buffer skips no-ops
 
     def _kernel_update(
         self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
