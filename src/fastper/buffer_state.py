@@ -22,15 +22,15 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import checkpoint as _ckpt
 from . import schedules as _sched
 from ._validation import check_int, check_real, show, to_numpy
+from .buffer_core import BufferCore, constructor_args
 from .errors import CheckpointError, ScheduleNotSerializableError
-from .nstep import NStepWriter
 from .samplers import PriorityMax, Sampler
 from .storage import Field, ReplayStorage, Storage
 from .writer import RingWriter
@@ -117,24 +117,10 @@ class _SaveGuard:
         return rows
 
 
-class StateMixin:
+class StateMixin(BufferCore):
     """The state half of a buffer (see the module docstring): states, saves and
     switching the sampling scheme; used by ``buffers._Buffer``."""
 
-    kind: ClassVar[str] = ""
-    _capacity: int
-    _eps: float
-    _clip: float | None
-    _max_policy: str | float
-    _stratified: bool
-    _shuffle: bool
-    _weight_norm: str
-    _alpha_every: int
-    _gamma: float
-    _seed: int | None
-    _nstep: NStepWriter | None
-    _storage: ReplayStorage
-    _writer: RingWriter
     _sampler: Sampler
     _scheme: str
     _scheme_options: dict[str, Any]
@@ -155,14 +141,6 @@ class StateMixin:
         super().__init_subclass__(**kwargs)
         if cls.kind:
             BUFFER_KINDS[cls.kind] = cls
-
-    def __len__(self) -> int:
-        return self._writer.size
-
-    @property
-    def capacity(self) -> int:
-        """Number of slots."""
-        return self._capacity
 
     def _build_sampler(
         self, scheme: str, alpha: float, options: Mapping[str, Any], raw: np.ndarray | None
@@ -242,31 +220,6 @@ class StateMixin:
         self._scheme = pending["scheme"]
         self._scheme_options = dict(pending["options"])
         self._pending_switch = None
-
-    def _settings(self) -> dict[str, Any]:
-        """Constructor arguments (JSON-able), schedules as ``schedules.to_dict``."""
-        nstep = self._nstep
-        return {
-            "capacity": self._capacity,
-            "fields": [
-                [k, f.to_dict()]
-                for k, f in (nstep.fields if nstep else self._storage.fields).items()
-            ],
-            "eps": self._eps,
-            "clip": self._clip,
-            "max_priority": self._max_policy,
-            "stratified": self._stratified,
-            "shuffle": self._shuffle,
-            "weight_norm": self._weight_norm,
-            "alpha_every": self._alpha_every,
-            "gamma": self._gamma,
-            "seed": self._seed,
-            "nstep": None if nstep is None else nstep.settings(),
-            **self._class_settings(),
-        }
-
-    def _class_settings(self) -> dict[str, Any]:
-        return {}
 
     def _state_dict(
         self, storage_state: dict[str, Any], priorities_out: np.ndarray | None = None
@@ -533,19 +486,7 @@ def _constructor_args(state: Mapping[str, Any]) -> tuple[type[Any], dict[str, An
     kind = state.get("kind")
     if kind not in BUFFER_KINDS:
         raise ValueError(f"unknown buffer kind {kind!r}")
-    s = dict(state["settings"])
-    args: dict[str, Any] = {
-        "capacity": check_int("capacity", s.pop("capacity"), minimum=1),
-        "fields": {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in s.pop("fields")},
-    }
-    nstep = s.pop("nstep")
-    if nstep is not None:
-        nstep = dict(nstep)
-        args["n_step"] = nstep.pop("n")
-        args["n_envs"] = nstep.pop("n_envs", None)
-        args["autoreset"] = nstep.pop("autoreset", None)
-        args["nstep_keys"] = {k: v for k, v in nstep.items() if k.endswith("_key")}
-    args.update(s)
+    args = constructor_args(state["settings"])
     return BUFFER_KINDS[kind], args
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -56,13 +56,10 @@ from ._validation import (
     show,
     to_numpy,
 )
-from ._validation import (
-    nstep_key_args as _nstep_key_args,
-)
 from .batch import SampleBatch
+from .buffer_core import MaxPriorityPolicy
 from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
-from .nstep import NStepWriter
 from .samplers import (
     NORM_CODES,
     PriorityMax,
@@ -71,15 +68,9 @@ from .samplers import (
     Sampler,
     UniformSampler,
 )
-from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch, make_fields
-from .writer import RingWriter
+from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch
 
 __all__ = ["PrioritizedReplayBuffer", "RankBasedReplayBuffer", "ReplayBuffer", "SampleBatch"]
-
-MaxPriorityPolicy = str | float
-
-_MAX_ENVS = 1 << 16
-_AUTO_ALPHA_SLOTS = 256  # alpha_every default: re-weigh at most 256 slots per sample, amortised
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
@@ -87,9 +78,6 @@ _NO_KEYS = np.empty(0, dtype=np.int64)
 
 class _Buffer(StateMixin):
     """Shared machinery; use one of the three public buffers."""
-
-    _default_alpha: ClassVar[float] = 1.0
-    _default_beta: ClassVar[float] = 0.0
 
     def __init__(
         self,
@@ -114,61 +102,16 @@ class _Buffer(StateMixin):
         nstep_keys: Mapping[str, str | None] | None = None,
         storage: StorageLike | None = None,
     ) -> None:
-        self._capacity = check_int("capacity", capacity, minimum=1)
-        input_fields = make_fields(fields)
-        self._eps = check_real("eps", eps, minimum=0.0)
-        self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
+        stored, alpha0 = self._configure(
+            capacity, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
+            max_priority=max_priority, policies=("ever", "current"), stratified=stratified,
+            shuffle=shuffle, weight_norm=weight_norm, norms=tuple(NORM_CODES),
+            alpha_every=alpha_every, priority_noise=priority_noise, n_step=n_step, gamma=gamma,
+            n_envs=n_envs, autoreset=autoreset, nstep_keys=nstep_keys, seed=seed,
+        )  # fmt: skip
         self._clip_value = np.inf if self._clip is None else self._clip
-        self._max_policy = self._check_max_policy(max_priority)
-        for flag, value in (("stratified", stratified), ("shuffle", shuffle)):
-            if not isinstance(value, bool | np.bool_):
-                raise TypeError(f"`{flag}` must be a bool, got {flag}={show(value)}")
-        self._stratified = bool(stratified)
-        self._shuffle = bool(shuffle)
-        if weight_norm not in NORM_CODES:
-            raise ValueError(
-                f"`weight_norm` must be one of {list(NORM_CODES)}, got weight_norm={weight_norm!r}"
-            )
-        self._weight_norm = weight_norm
-        if alpha_every is None:
-            alpha_every = -(-self._capacity // _AUTO_ALPHA_SLOTS)
-        self._alpha_every = check_int("alpha_every", alpha_every, minimum=1)
-        n_step = check_int("n_step", n_step, minimum=1)
-        if n_envs is not None:
-            n_envs = check_int("n_envs", n_envs, minimum=1)
-            if n_envs > _MAX_ENVS:
-                raise ValueError(
-                    f"`n_envs` must be <= {_MAX_ENVS} (a vector env's width; many actors pass "
-                    f"`env_ids` to add instead), got n_envs={n_envs}"
-                )
-        self._gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
-        self._nstep: NStepWriter | None = None
-        stored = input_fields
-        if n_step > 1 or autoreset is not None or n_envs is not None:
-            self._nstep = NStepWriter(
-                input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
-                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
-            )  # fmt: skip
-            stored = self._nstep.output_fields
-        elif nstep_keys:
-            _nstep_key_args(nstep_keys)  # checked, unused without streams
-        self._alpha_schedule = _sched.as_schedule(
-            "alpha", self._default_alpha if alpha is None else alpha
-        )
-        self._beta_schedule = _sched.as_schedule(
-            "beta", self._default_beta if beta is None else beta
-        )
-        self._noise_schedule = _sched.as_schedule("priority_noise", priority_noise)
-        self._step = 0
-        alpha0 = self._checked_alpha(self._alpha_schedule(0))
-        self._check_beta(self._beta_schedule(0))
-        check_real("priority_noise", self._noise_schedule(0), minimum=0.0)
-        if seed is not None:
-            seed = check_int("seed", seed, minimum=0)
-        self._seed = seed
-        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._rng = np.random.Generator(np.random.PCG64(self._seed))
         self._storage = self._make_storage(storage, stored)
-        self._writer = RingWriter(self._capacity)
         self._scheme = self.kind
         self._scheme_options: dict[str, Any] = self._default_scheme_options()
         self._sampler = self._build_sampler(self.kind, alpha0, self._scheme_options, None)
@@ -200,26 +143,6 @@ class _Buffer(StateMixin):
             )
         return made
 
-    def _check_max_policy(self, policy: Any) -> MaxPriorityPolicy:
-        if isinstance(policy, str):
-            if policy not in ("ever", "current"):
-                raise ValueError(
-                    "`max_priority` must be 'ever', 'current' or a number > 0, got "
-                    f"max_priority={policy!r}"
-                )
-            return policy
-        value = check_real("max_priority", policy, minimum=0.0, strict_min=True)
-        if value > self._priority_cap():
-            raise ValueError(
-                f"`max_priority` must be <= clip + eps = {self._priority_cap()!r} (no update "
-                f"can reach more), got max_priority={value!r}"
-            )
-        return value
-
-    def _priority_cap(self) -> float:
-        """The largest priority an update can produce: ``clip + eps`` (inf without clip)."""
-        return math.inf if self._clip is None else self._clip + self._eps
-
     def _default_scheme_options(self) -> dict[str, Any]:
         return {}
 
@@ -239,11 +162,6 @@ class _Buffer(StateMixin):
         )  # fmt: skip
 
     # -- introspection ---------------------------------------------------------
-    @property
-    def fields(self) -> dict[str, Field]:
-        """The stored field spec (with ``discount`` for n-step buffers)."""
-        return dict(self._storage.fields)
-
     @property
     def storage(self) -> ReplayStorage:
         """The storage holding the rows."""
@@ -270,24 +188,9 @@ class _Buffer(StateMixin):
         return self._stale_updates
 
     @property
-    def total_added(self) -> int:
-        """Transitions ever written to storage (the next transition's key)."""
-        return self._writer.added
-
-    @property
     def alpha(self) -> float:
         """The alpha in force: the one the stored probabilities and weights use."""
         return self._sampler.alpha
-
-    @property
-    def alpha_every(self) -> int:
-        """An alpha schedule is applied at steps that are multiples of this."""
-        return self._alpha_every
-
-    @property
-    def beta(self) -> float:
-        """beta at the current step (used when ``sample`` gets no beta)."""
-        return float(self._beta_schedule(self._step))
 
     @property
     def step(self) -> int:
@@ -302,16 +205,6 @@ class _Buffer(StateMixin):
             check_real("priority_noise", self._noise_schedule(value), minimum=0.0)
             self._apply_alpha(self._alpha_at(value))
             self._step = value
-
-    @property
-    def n_pending(self) -> int:
-        """Transitions held back by the n-step writer, not yet stored."""
-        return 0 if self._nstep is None else self._nstep.n_pending
-
-    @property
-    def n_dropped(self) -> int:
-        """Rows dropped by ``autoreset="next_step"`` (the step after an episode end)."""
-        return 0 if self._nstep is None else self._nstep.dropped
 
     @locked
     def keys(self, indices: Any) -> np.ndarray:

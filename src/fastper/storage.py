@@ -141,14 +141,8 @@ def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     return out
 
 
-def coerce_batch(
-    fields: Mapping[str, Field], transition: Mapping[str, Any], capacity: int | None
-) -> tuple[dict[str, np.ndarray], int]:
-    """Validate one transition or a batch; return cast copies with a leading dim.
-
-    A value whose shape equals the field's shape is one transition; one with an
-    extra leading dimension is a batch. All fields must agree.
-    """
+def check_names(fields: Mapping[str, Field], transition: Any) -> None:
+    """A transition must be a mapping with exactly the fields' names."""
     if not isinstance(transition, Mapping):
         raise TypeError(f"a transition must be a mapping field -> value, got {show(transition)}")
     missing = [f for f in fields if f not in transition]
@@ -160,26 +154,23 @@ def coerce_batch(
         if unknown:
             parts.append(f"unknown fields {unknown}")
         raise ValueError(f"transition fields must be exactly {list(fields)}; " + ", ".join(parts))
-    arrays: dict[str, np.ndarray] = {}
-    lengths: dict[str, int | None] = {}
-    for name, field in fields.items():
-        arr = to_numpy(transition[name])
-        if arr.dtype == object:
-            raise FieldTypeError(
-                f"field `{name}` must hold numbers, got an object array {show(arr)}"
-            )
-        if arr.shape == field.shape:
-            lengths[name] = None
-            arr = arr.reshape((1, *field.shape))
-        elif arr.ndim == len(field.shape) + 1 and arr.shape[1:] == field.shape:
-            lengths[name] = int(arr.shape[0])
-        else:
-            raise ValueError(
-                f"field `{name}` must have shape {field.shape} (one transition) or "
-                f"(B, {', '.join(map(str, field.shape))}{',' if len(field.shape) == 1 else ''}) "
-                f"(a batch), got shape {arr.shape}"
-            )
-        arrays[name] = arr
+
+
+def row_count(name: str, field: Field, shape: tuple[int, ...]) -> int | None:
+    """``None`` for a value of one transition (the field's shape), B for a batch of B."""
+    if shape == field.shape:
+        return None
+    if len(shape) == len(field.shape) + 1 and shape[1:] == field.shape:
+        return int(shape[0])
+    raise ValueError(
+        f"field `{name}` must have shape {field.shape} (one transition) or "
+        f"(B, {', '.join(map(str, field.shape))}{',' if len(field.shape) == 1 else ''}) "
+        f"(a batch), got shape {shape}"
+    )
+
+
+def batch_length(lengths: Mapping[str, int | None], capacity: int | None) -> int:
+    """The number of transitions given: every field one transition, or B rows each."""
     kinds = set(lengths.values())
     if len(kinds) > 1:
         raise ValueError(
@@ -194,6 +185,29 @@ def coerce_batch(
         raise ValueError(
             f"a batch must not exceed the capacity, got a batch of {k} for capacity={capacity}"
         )
+    return k
+
+
+def coerce_batch(
+    fields: Mapping[str, Field], transition: Mapping[str, Any], capacity: int | None
+) -> tuple[dict[str, np.ndarray], int]:
+    """Validate one transition or a batch; return cast copies with a leading dim.
+
+    A value whose shape equals the field's shape is one transition; one with an
+    extra leading dimension is a batch. All fields must agree.
+    """
+    check_names(fields, transition)
+    arrays: dict[str, np.ndarray] = {}
+    lengths: dict[str, int | None] = {}
+    for name, field in fields.items():
+        arr = to_numpy(transition[name])
+        if arr.dtype == object:
+            raise FieldTypeError(
+                f"field `{name}` must hold numbers, got an object array {show(arr)}"
+            )
+        lengths[name] = row_count(name, field, arr.shape)
+        arrays[name] = arr.reshape((1, *field.shape)) if lengths[name] is None else arr
+    k = batch_length(lengths, capacity)
     out = {name: _safe_cast(name, arrays[name], fields[name].dtype) for name in fields}
     return out, k
 
@@ -222,8 +236,12 @@ class ReplayStorage(Protocol):
         """Write ``k`` prepared rows to slots ``start, start+1, ...`` (mod capacity). O(B)."""
         ...
 
-    def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of the rows at ``indices`` for every field. O(B)."""
+    def gather(self, indices: Any) -> dict[str, Any]:
+        """Copies of the rows at ``indices`` for every field. O(B).
+
+        Arrays of the storage's kind: numpy arrays in RAM, tensors on a device
+        (:class:`fastper.device.TorchStorage`); :meth:`read` is always numpy.
+        """
         ...
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:

@@ -49,20 +49,16 @@ import numpy as np
 from .. import checkpoint as _ckpt
 from .. import schedules as _sched
 from .._validation import check_int, check_real, show
-from .._validation import nstep_key_args as _nstep_key_args
+from ..buffer_core import BufferCore, check_flag, constructor_args
 from ..buffer_state import locked
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
-from ..nstep import NStepWriter
-from ..storage import Field, FieldLike, coerce_batch, make_fields
+from ..storage import FieldLike, coerce_batch
 from ..writer import RingWriter
 from ._torch import torch
 from .index import NORMS, NumbaIndex, TorchIndex, priority_limit, slot_keys
 from .storage import TorchStorage
 
 __all__ = ["DeviceBatch", "DevicePrioritizedReplayBuffer", "DeviceReplayBuffer", "load"]
-
-_MAX_ENVS = 1 << 16
-_AUTO_ALPHA_SLOTS = 256
 
 
 @dataclass(frozen=True)
@@ -125,10 +121,9 @@ def _tensor(name: str, value: Any, kinds: str, device: torch.device) -> torch.Te
     return t.to(device=device, dtype=dtype)
 
 
-class _DeviceBuffer:
+class _DeviceBuffer(BufferCore):
     """Shared machinery; use :class:`DevicePrioritizedReplayBuffer` or :class:`DeviceReplayBuffer`."""
 
-    kind: ClassVar[str] = ""
     _prioritized: ClassVar[bool] = True
     _default_alpha: ClassVar[float] = 0.6
     _default_beta: ClassVar[float] = 0.4
@@ -158,80 +153,20 @@ class _DeviceBuffer:
         validate: bool = True,
         backend: str | None = None,
     ) -> None:
-        self._capacity = check_int("capacity", capacity, minimum=1)
-        input_fields = make_fields(fields)
         try:
             self._device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"`device` must name a torch device, got device={device!r}") from exc
-        self._eps = check_real("eps", eps, minimum=0.0)
-        self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
-        if isinstance(max_priority, str):
-            if max_priority != "ever":
-                raise ValueError(
-                    "`max_priority` of a device buffer must be 'ever' or a number > 0 "
-                    f"('current' needs a max tree, not kept on the device), got {max_priority!r}"
-                )
-            self._max_policy: str | float = "ever"
-        else:
-            self._max_policy = check_real(
-                "max_priority", max_priority, minimum=0.0, strict_min=True
-            )
-            cap = math.inf if self._clip is None else self._clip + self._eps
-            if self._max_policy > cap:
-                raise ValueError(
-                    f"`max_priority` must be <= clip + eps = {cap!r} (no update can reach "
-                    f"more), got max_priority={self._max_policy!r}"
-                )
-        for flag, value in (
-            ("stratified", stratified),
-            ("shuffle", shuffle),
-            ("validate", validate),
-        ):
-            if not isinstance(value, bool | np.bool_):
-                raise TypeError(f"`{flag}` must be a bool, got {flag}={show(value)}")
-        self._stratified, self._shuffle, self._validate = (
-            bool(stratified),
-            bool(shuffle),
-            bool(validate),
-        )
-        if weight_norm not in NORMS:
-            raise ValueError(f"`weight_norm` must be one of {list(NORMS)}, got {weight_norm!r}")
-        self._weight_norm = weight_norm
-        if alpha_every is None:
-            alpha_every = -(-self._capacity // _AUTO_ALPHA_SLOTS)
-        self._alpha_every = check_int("alpha_every", alpha_every, minimum=1)
-        n_step = check_int("n_step", n_step, minimum=1)
-        if n_envs is not None:
-            n_envs = check_int("n_envs", n_envs, minimum=1)
-            if n_envs > _MAX_ENVS:
-                raise ValueError(f"`n_envs` must be <= {_MAX_ENVS}, got n_envs={n_envs}")
-        self._gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
-        self._nstep: NStepWriter | None = None
-        stored = input_fields
-        if n_step > 1 or autoreset is not None or n_envs is not None:
-            self._nstep = NStepWriter(
-                input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
-                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
-            )  # fmt: skip
-            stored = self._nstep.output_fields
-        elif nstep_keys:
-            _nstep_key_args(nstep_keys)
-        self._alpha_schedule = _sched.as_schedule(
-            "alpha", self._default_alpha if alpha is None else alpha
-        )
-        self._beta_schedule = _sched.as_schedule(
-            "beta", self._default_beta if beta is None else beta
-        )
-        self._noise_schedule = _sched.as_schedule("priority_noise", priority_noise)
-        alpha0 = check_real("alpha", self._alpha_schedule(0), minimum=0.0)
-        check_real("beta", self._beta_schedule(0), minimum=0.0)
-        check_real("priority_noise", self._noise_schedule(0), minimum=0.0)
-        if seed is not None:
-            seed = check_int("seed", seed, minimum=0)
-        self._seed = seed
+        stored, alpha0 = self._configure(
+            capacity, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
+            max_priority=max_priority, policies=("ever",), stratified=stratified,
+            shuffle=shuffle, weight_norm=weight_norm, norms=NORMS, alpha_every=alpha_every,
+            priority_noise=priority_noise, n_step=n_step, gamma=gamma, n_envs=n_envs,
+            autoreset=autoreset, nstep_keys=nstep_keys, seed=seed,
+        )  # fmt: skip
+        self._validate = check_flag("validate", validate)
+        seed = self._seed
         self._storage = TorchStorage(stored, self._capacity, self._device)
-        self._writer = RingWriter(self._capacity)
         dev, f64 = self._device, torch.float64
         self._gen = torch.Generator(device=dev)
         if seed is None:
@@ -247,7 +182,6 @@ class _DeviceBuffer:
         self._index: TorchIndex | NumbaIndex = index_cls(
             self._capacity, alpha0, self._prioritized, weight_norm == "buffer", dev
         )
-        self._step = 0
         self._max_seen = torch.ones((), dtype=f64, device=dev)
         self._stale = torch.zeros((), dtype=torch.int64, device=dev)
         self._invalid = torch.zeros((), dtype=torch.int64, device=dev)
@@ -256,26 +190,15 @@ class _DeviceBuffer:
         self._lock = threading.RLock()
 
     # -- introspection -----------------------------------------------------------------
-    def __len__(self) -> int:
-        return self._writer.size
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
     @property
     def device(self) -> torch.device:
         """Where rows, priorities and trees live."""
         return self._device
 
     @property
-    def fields(self) -> dict[str, Field]:
-        """The stored field spec (with ``discount`` for n-step buffers)."""
-        return dict(self._storage.fields)
-
-    @property
     def storage(self) -> TorchStorage:
-        return self._storage
+        """The device columns."""
+        return cast(TorchStorage, self._storage)
 
     @property
     def backend(self) -> str:
@@ -292,17 +215,9 @@ class _DeviceBuffer:
         return self._index.alpha
 
     @property
-    def beta(self) -> float:
-        return float(self._beta_schedule(self._step))
-
-    @property
     def step(self) -> int:
         """Schedule step: counts successful ``sample`` calls."""
         return self._step
-
-    @property
-    def total_added(self) -> int:
-        return self._writer.added
 
     @property
     def max_priority(self) -> torch.Tensor:
@@ -324,16 +239,8 @@ class _DeviceBuffer:
         """Entries dropped (``validate=False``) for a bad index, td error, priority or key (syncs)."""
         return int(self._invalid)
 
-    @property
-    def n_pending(self) -> int:
-        return 0 if self._nstep is None else self._nstep.n_pending
-
-    @property
-    def n_dropped(self) -> int:
-        return 0 if self._nstep is None else self._nstep.dropped
-
     def _new_priority(self) -> torch.Tensor:
-        cap = math.inf if self._clip is None else self._clip + self._eps
+        cap = self._priority_cap()
         if self._max_policy == "ever":
             return self._max_seen.clamp(max=cap)
         return torch.full((), min(float(self._max_policy), cap), dtype=torch.float64,
@@ -640,26 +547,6 @@ class _DeviceBuffer:
         )
 
     # -- state -------------------------------------------------------------------------
-    def _settings(self) -> dict[str, Any]:
-        nstep = self._nstep
-        return {
-            "capacity": self._capacity,
-            "fields": [
-                [k, f.to_dict()]
-                for k, f in (nstep.fields if nstep else self._storage.fields).items()
-            ],
-            "eps": self._eps,
-            "clip": self._clip,
-            "max_priority": self._max_policy,
-            "stratified": self._stratified,
-            "shuffle": self._shuffle,
-            "weight_norm": self._weight_norm,
-            "alpha_every": self._alpha_every,
-            "gamma": self._gamma,
-            "seed": self._seed,
-            "nstep": None if nstep is None else nstep.settings(),
-        }
-
     @locked
     def state_dict(self) -> dict[str, Any]:
         """The whole state as host objects (numpy arrays in its parts). O(N); syncs."""
@@ -749,20 +636,10 @@ def _from_state(
             )
         if s.get("max_priority") == "current":
             raise ValueError("`max_priority='current'` is not kept by device buffers")
-    args: dict[str, Any] = {
-        "capacity": check_int("capacity", s.pop("capacity"), minimum=1),
-        "fields": {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in s.pop("fields")},
-    }
-    nstep = s.pop("nstep")
-    if nstep is not None:
-        nstep = dict(nstep)
-        args["n_step"] = nstep.pop("n")
-        args["n_envs"] = nstep.pop("n_envs", None)
-        args["autoreset"] = nstep.pop("autoreset", None)
-        args["nstep_keys"] = {k: v for k, v in nstep.items() if k.endswith("_key")}
-    for key in ("eps", "clip", "max_priority", "stratified", "shuffle", "weight_norm",
-                "alpha_every", "gamma", "seed"):  # fmt: skip
-        args[key] = s.get(key)
+    # the CPU buffers' own settings (rank options, ...) have no device counterpart
+    shared = ("capacity", "fields", "nstep", "eps", "clip", "max_priority", "stratified",
+              "shuffle", "weight_norm", "alpha_every", "gamma", "seed")  # fmt: skip
+    args = constructor_args({k: s.get(k) for k in shared})
     from ..buffer_state import _restore_schedule
 
     sch = state["schedules"]

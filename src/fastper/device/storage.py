@@ -25,7 +25,15 @@ import numpy as np
 
 from .._validation import check_int, show
 from ..errors import FieldTypeError
-from ..storage import Field, FieldLike, coerce_batch, make_fields
+from ..storage import (
+    Field,
+    FieldLike,
+    batch_length,
+    check_names,
+    coerce_batch,
+    make_fields,
+    row_count,
+)
 from ._torch import torch
 
 _NUMPY_TO_TORCH = {
@@ -92,51 +100,20 @@ class TorchStorage:
         return coerce_batch(self.fields, transition, self.capacity)
 
     def _prepare_tensors(self, transition: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-        missing = [f for f in self.fields if f not in transition]
-        unknown = [f for f in transition if f not in self.fields]
-        if missing or unknown:
-            raise ValueError(
-                f"transition fields must be exactly {list(self.fields)}; "
-                f"missing fields {missing}, unknown fields {unknown}"
-            )
+        check_names(self.fields, transition)
         out: dict[str, torch.Tensor] = {}
         lengths: dict[str, int | None] = {}
         for name, field in self.fields.items():
             t = transition[name]
-            shape = tuple(t.shape)
-            if shape == field.shape:
-                lengths[name] = None
-                t = t.reshape((1, *field.shape))
-            elif len(shape) == len(field.shape) + 1 and shape[1:] == field.shape:
-                lengths[name] = shape[0]
-            else:
-                raise ValueError(
-                    f"field `{name}` must have shape {field.shape} (one transition) or "
-                    f"(B, *{field.shape}) (a batch), got shape {shape}"
-                )
+            lengths[name] = row_count(name, field, tuple(t.shape))
             want = self.dtypes[name]
             if t.dtype != want and not torch.can_cast(t.dtype, want):
                 raise FieldTypeError(
                     f"field `{name}` is {want}; a {t.dtype} tensor cannot be cast to it "
                     "without changing values (cast it first)"
                 )
-            out[name] = t
-        kinds = set(lengths.values())
-        if len(kinds) > 1:
-            raise ValueError(
-                "all fields must be one transition or batches of one length, got "
-                + ", ".join(f"{n}: {'single' if v is None else v}" for n, v in lengths.items())
-            )
-        (kind,) = kinds
-        k = 1 if kind is None else kind
-        if k == 0:
-            raise ValueError("an added batch must not be empty, got a batch of 0 transitions")
-        if k > self.capacity:
-            raise ValueError(
-                f"a batch must not exceed the capacity, got a batch of {k} for "
-                f"capacity={self.capacity}"
-            )
-        return out, k
+            out[name] = t.reshape((1, *field.shape)) if lengths[name] is None else t
+        return out, batch_length(lengths, self.capacity)
 
     def _source(self, name: str, src: Any, k: int) -> torch.Tensor:
         """A tensor holding ``src[:k]`` that can be copied into the column."""

@@ -1,0 +1,246 @@
+"""What every buffer shares, on the host or on a device: its settings and the ring.
+
+:class:`BufferCore` checks the constructor arguments common to
+:mod:`fastper.buffers` and :mod:`fastper.device` once (each with its message),
+builds the n-step writer when streams or n-step returns are asked for, and
+gives the properties that only read those settings. It holds no priorities
+and no rows: the buffers add their sampler or device index, and storage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import schedules as _sched
+from ._validation import check_int, check_real, show
+from ._validation import nstep_key_args as _nstep_key_args
+from .nstep import NStepWriter
+from .storage import Field, FieldLike, ReplayStorage, make_fields
+from .writer import RingWriter
+
+#: the widest vector env ``n_envs`` accepts (many actors pass ``env_ids`` instead)
+MAX_ENVS = 1 << 16
+#: ``alpha_every`` default: re-weigh at most this many slots per sample, amortised
+AUTO_ALPHA_SLOTS = 256
+
+MaxPriorityPolicy = str | float
+
+
+class BufferCore:
+    """Settings, schedules, ring and n-step writer of a buffer (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+    _default_alpha: ClassVar[float] = 1.0
+    _default_beta: ClassVar[float] = 0.0
+
+    _capacity: int
+    _eps: float
+    _clip: float | None
+    _max_policy: MaxPriorityPolicy
+    _stratified: bool
+    _shuffle: bool
+    _weight_norm: str
+    _alpha_every: int
+    _gamma: float
+    _nstep: NStepWriter | None
+    _alpha_schedule: Any
+    _beta_schedule: Any
+    _noise_schedule: Any
+    _seed: int | None
+    _step: int
+    _writer: RingWriter
+    _storage: ReplayStorage
+
+    def _configure(
+        self,
+        capacity: int,
+        fields: Mapping[str, FieldLike],
+        *,
+        alpha: _sched.ScheduleLike | None,
+        beta: _sched.ScheduleLike | None,
+        eps: float,
+        clip: float | None,
+        max_priority: Any,
+        policies: tuple[str, ...],
+        stratified: bool,
+        shuffle: bool,
+        weight_norm: str,
+        norms: tuple[str, ...],
+        alpha_every: int | None,
+        priority_noise: _sched.ScheduleLike,
+        n_step: int,
+        gamma: float,
+        n_envs: int | None,
+        autoreset: str | None,
+        nstep_keys: Mapping[str, str | None] | None,
+        seed: int | None,
+    ) -> tuple[dict[str, Field], float]:
+        """Check and keep the shared settings. Returns (the stored fields, alpha at step 0)."""
+        self._capacity = check_int("capacity", capacity, minimum=1)
+        input_fields = make_fields(fields)
+        self._eps = check_real("eps", eps, minimum=0.0)
+        self._clip = None if clip is None else check_real("clip", clip, minimum=0.0)
+        self._max_policy = self._check_max_policy(max_priority, policies)
+        for flag, value in (("stratified", stratified), ("shuffle", shuffle)):
+            check_flag(flag, value)
+        self._stratified = bool(stratified)
+        self._shuffle = bool(shuffle)
+        if weight_norm not in norms:
+            raise ValueError(
+                f"`weight_norm` must be one of {list(norms)}, got weight_norm={weight_norm!r}"
+            )
+        self._weight_norm = weight_norm
+        if alpha_every is None:
+            alpha_every = -(-self._capacity // AUTO_ALPHA_SLOTS)
+        self._alpha_every = check_int("alpha_every", alpha_every, minimum=1)
+        n_step = check_int("n_step", n_step, minimum=1)
+        if n_envs is not None:
+            n_envs = check_int("n_envs", n_envs, minimum=1)
+            if n_envs > MAX_ENVS:
+                raise ValueError(
+                    f"`n_envs` must be <= {MAX_ENVS} (a vector env's width; many actors pass "
+                    f"`env_ids` to add instead), got n_envs={n_envs}"
+                )
+        self._gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
+        self._nstep = None
+        stored = input_fields
+        if n_step > 1 or autoreset is not None or n_envs is not None:
+            self._nstep = NStepWriter(
+                input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
+                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
+            )  # fmt: skip
+            stored = self._nstep.output_fields
+        elif nstep_keys:
+            _nstep_key_args(nstep_keys)  # checked, unused without streams
+        self._alpha_schedule = _sched.as_schedule(
+            "alpha", self._default_alpha if alpha is None else alpha
+        )
+        self._beta_schedule = _sched.as_schedule(
+            "beta", self._default_beta if beta is None else beta
+        )
+        self._noise_schedule = _sched.as_schedule("priority_noise", priority_noise)
+        self._step = 0
+        alpha0 = check_real("alpha", self._alpha_schedule(0), minimum=0.0)
+        check_real("beta", self._beta_schedule(0), minimum=0.0)
+        check_real("priority_noise", self._noise_schedule(0), minimum=0.0)
+        self._seed = None if seed is None else check_int("seed", seed, minimum=0)
+        self._writer = RingWriter(self._capacity)
+        return stored, alpha0
+
+    def _priority_cap(self) -> float:
+        """The largest priority an update can produce: ``clip + eps`` (inf without clip)."""
+        return math.inf if self._clip is None else self._clip + self._eps
+
+    def _check_max_policy(self, policy: Any, policies: tuple[str, ...]) -> MaxPriorityPolicy:
+        if isinstance(policy, str):
+            if policy not in policies:
+                names = ", ".join(repr(p) for p in policies)
+                raise ValueError(
+                    f"`max_priority` must be {names} or a number > 0, got max_priority={policy!r}"
+                    + (
+                        " ('current' needs a max tree, not kept on the device)"
+                        if policy == "current"
+                        else ""
+                    )
+                )
+            return policy
+        value = check_real("max_priority", policy, minimum=0.0, strict_min=True)
+        if value > self._priority_cap():
+            raise ValueError(
+                f"`max_priority` must be <= clip + eps = {self._priority_cap()!r} (no update "
+                f"can reach more), got max_priority={value!r}"
+            )
+        return value
+
+    # -- introspection ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._writer.size
+
+    @property
+    def capacity(self) -> int:
+        """Number of slots."""
+        return self._capacity
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """The stored field spec (with ``discount`` for n-step buffers)."""
+        return dict(self._storage.fields)
+
+    @property
+    def total_added(self) -> int:
+        """Transitions ever written to storage (the next transition's key)."""
+        return self._writer.added
+
+    @property
+    def alpha_every(self) -> int:
+        """An alpha schedule is applied at steps that are multiples of this."""
+        return self._alpha_every
+
+    @property
+    def beta(self) -> float:
+        """beta at the current step (used when ``sample`` gets no beta)."""
+        return float(self._beta_schedule(self._step))
+
+    @property
+    def n_pending(self) -> int:
+        """Transitions held back by the n-step writer, not yet stored."""
+        return 0 if self._nstep is None else self._nstep.n_pending
+
+    @property
+    def n_dropped(self) -> int:
+        """Rows dropped by ``autoreset="next_step"`` (the step after an episode end)."""
+        return 0 if self._nstep is None else self._nstep.dropped
+
+    def _settings(self) -> dict[str, Any]:
+        """Constructor arguments (JSON-able), as a state's ``settings``."""
+        nstep = self._nstep
+        return {
+            "capacity": self._capacity,
+            "fields": [
+                [k, f.to_dict()]
+                for k, f in (nstep.fields if nstep else self._storage.fields).items()
+            ],
+            "eps": self._eps,
+            "clip": self._clip,
+            "max_priority": self._max_policy,
+            "stratified": self._stratified,
+            "shuffle": self._shuffle,
+            "weight_norm": self._weight_norm,
+            "alpha_every": self._alpha_every,
+            "gamma": self._gamma,
+            "seed": self._seed,
+            "nstep": None if nstep is None else nstep.settings(),
+            **self._class_settings(),
+        }
+
+    def _class_settings(self) -> dict[str, Any]:
+        return {}
+
+
+def constructor_args(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A state's ``settings`` as keyword arguments of the buffer's constructor."""
+    s = dict(settings)
+    args: dict[str, Any] = {
+        "capacity": check_int("capacity", s.pop("capacity"), minimum=1),
+        "fields": {str(k): (tuple(v["shape"]), v["dtype"]) for k, v in s.pop("fields")},
+    }
+    nstep = s.pop("nstep")
+    if nstep is not None:
+        nstep = dict(nstep)
+        args["n_step"] = nstep.pop("n")
+        args["n_envs"] = nstep.pop("n_envs", None)
+        args["autoreset"] = nstep.pop("autoreset", None)
+        args["nstep_keys"] = {k: v for k, v in nstep.items() if k.endswith("_key")}
+    args.update(s)
+    return args
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A bool argument (numpy bools accepted)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"`{name}` must be a bool, got {name}={show(value)}")
+    return bool(value)
