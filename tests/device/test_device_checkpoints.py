@@ -422,3 +422,18 @@ def test_checkpoints_never_use_pickle(backend, tmp_path, monkeypatch):
     assert header["state"]["kind"] == "proportional"
     loaded = fd.load(path, backend=backend)
     _assert_contents_equal(_contents(loaded), _contents(buf))
+
+
+def test_a_state_from_another_kind_of_device_loads_with_a_seeded_generator() -> None:
+    """A CUDA generator's state cannot drive a CPU one: the load keeps the seeded generator."""
+    buf = fd.DevicePrioritizedReplayBuffer(64, {"x": ((), np.float32)}, seed=5, backend="torch")
+    buf.add({"x": np.arange(40, dtype=np.float32)})
+    buf.sample(8)
+    state = buf.state_dict()
+    state["buffer"]["rng_device"] = "cuda"
+    state["buffer"]["rng"] = np.zeros(16, dtype=np.uint8)  # a CUDA state's size: seed, offset
+    moved = fd.DevicePrioritizedReplayBuffer.from_state_dict(state, backend="torch")
+    fresh = fd.DevicePrioritizedReplayBuffer(64, {"x": ((), np.float32)}, seed=5, backend="torch")
+    fresh.add({"x": np.arange(40, dtype=np.float32)})
+    assert torch.equal(moved.sample(8).indices, fresh.sample(8).indices)
+    assert torch.equal(moved.priorities(torch.arange(40)), buf.priorities(torch.arange(40)))

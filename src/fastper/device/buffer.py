@@ -566,6 +566,7 @@ class _DeviceBuffer(BufferCore):
                 "may_be_zero": self._may_be_zero,
                 "step": self._step,
                 "rng": self._gen.get_state().numpy().copy(),
+                "rng_device": self._device.type,
             },
             "writer": self._writer.state_dict(),
             "sampler": {
@@ -671,12 +672,15 @@ def _from_state(
         rng = buf_state["rng"]
         if not isinstance(rng, np.ndarray) or rng.dtype != np.uint8 or rng.ndim != 1:
             raise ValueError("random state must be a 1-D uint8 array")
-        try:
-            buf._gen.set_state(torch.from_numpy(rng.copy()))
-        except (RuntimeError, ValueError) as exc:
-            raise ValueError(
-                f"random state is invalid for a {buf.device} generator: {exc}"
-            ) from None
+        # a CPU and a CUDA generator keep different states: across device types
+        # the new buffer keeps its generator, seeded from the settings' seed
+        if buf_state.get("rng_device", "cpu") == buf.device.type:
+            try:
+                buf._gen.set_state(torch.from_numpy(rng.copy()))
+            except (RuntimeError, ValueError) as exc:
+                raise ValueError(
+                    f"random state is invalid for a {buf.device} generator: {exc}"
+                ) from None
     nstep_state = state.get("nstep")
     if (nstep_state is None) != (buf._nstep is None):
         raise ValueError("the n-step state does not match the n-step settings")

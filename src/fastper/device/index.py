@@ -177,7 +177,7 @@ class TorchIndex:
         # every entry of a slot writes its winner's value (or the old one): duplicates agree
         new = torch.where(win >= 0, p.index_select(0, win.clamp(min=0)),
                           self.raw.index_select(0, safe))  # fmt: skip
-        self.raw.index_copy_(0, safe, new)
+        self.raw.index_put_((safe,), new)
         if self.prioritized:
             self.tree._write(safe, self.leaf(new))
         pmax = torch.where(keep, p, 0.0).max()

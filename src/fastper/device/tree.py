@@ -153,8 +153,13 @@ class DeviceSumTree:
 
     def _write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
         """Set leaves ``idx`` to ``values`` and fix their paths. Duplicates must carry
-        equal values (see :meth:`last_wins`); ``idx`` in range. O(B log N), no sync."""
-        self.levels[0].index_copy_(0, idx, values)
+        equal values (see :meth:`last_wins`); ``idx`` in range. O(B log N), no sync.
+
+        Writes are ``index_put_`` without accumulation: every duplicate writes the
+        same value, so the result does not depend on which write lands last (and
+        ``torch.use_deterministic_algorithms`` has a path for it).
+        """
+        self.levels[0].index_put_((idx,), values)
         self._fix(idx)
 
     def _fix(self, idx: torch.Tensor) -> None:
@@ -162,13 +167,13 @@ class DeviceSumTree:
         for lv in range(1, self.depth + 1):
             j = torch.div(j, K, rounding_mode="floor")
             children = self.levels[lv - 1].view(-1, K).index_select(0, j)
-            self.levels[lv].index_copy_(0, j, pairwise_sum(children))
+            self.levels[lv].index_put_((j,), pairwise_sum(children))
             if self.track_min:
                 if lv == 1:
                     m = torch.where(children > 0, children, math.inf).amin(1)
                 else:
                     m = self.min_levels[lv - 1].view(-1, K).index_select(0, j).amin(1)
-                self.min_levels[lv].index_copy_(0, j, m)
+                self.min_levels[lv].index_put_((j,), m)
 
     def _fill_run(self, start: int, count: int, value: torch.Tensor) -> None:
         """Leaves ``start .. start+count-1`` (no wrap) all get ``value`` (0-dim tensor). No sync."""
