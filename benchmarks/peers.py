@@ -16,12 +16,18 @@ transition of 48 bytes) and times fill, sample, update and the learner step
 first sample of a fresh ``python -c "import fastper; ..."`` with numba's cache
 warm and cold.
 
-Needs the ``bench`` extra: ``pip install -e '.[bench]'``.
+Needs the ``bench`` extra: ``pip install -e '.[bench]'``. With none of the
+peer libraries installed it refuses (exit status 2) before running anything;
+with some of them it measures those (the others read n/a) and writes the
+report only if at least one peer library was measured, so that the committed
+results in benchmarks/results are never replaced by a table of n/a. A run of
+``--libs fastper`` alone must name another ``--out`` than benchmarks/results.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -99,7 +105,11 @@ def parse_size(text: str) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options (``--worker`` and friends are internal)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=os.environ.get("FASTPER_PEERS_PROG") or None,  # `fastper bench --peers` sets it
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: 2^16, B=256, fewer calls")
     p.add_argument("--capacities", nargs="+", type=parse_size, help="default 2^16 2^20 2^22")
     p.add_argument("--batches", nargs="+", type=int, help="default 32 256 1024 4096")
@@ -119,6 +129,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity", type=parse_size, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    a.prog = p.prog
     a.capacities = a.capacities or ([2**16] if a.quick else FULL_CAPACITIES)
     a.batches = a.batches or ([256] if a.quick else FULL_BATCHES)
     a.libs = a.libs or list(ADAPTERS)
@@ -263,11 +274,83 @@ def time_to_first_sample() -> dict[str, Any]:
     return out
 
 
+def installed(lib: str) -> bool:
+    """Whether the library behind adapter ``lib`` can be found (without importing it)."""
+    module = ADAPTERS[lib].distributions[0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or hidden package
+        return False
+
+
+def refuse(a: argparse.Namespace, message: str) -> int:
+    """One line on stderr, exit status 2; nothing is written."""
+    print(f"{a.prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+INSTALL = "pip install 'fastper[bench]' (in a checkout: pip install -e '.[bench]')"
+
+
+def check_libraries(a: argparse.Namespace) -> int | None:
+    """Before running anything: refuse a run that could only write n/a for the peers.
+
+    Returns the exit status to stop with, or None to go on. Warns (one line)
+    when only some of the requested peers are installed.
+    """
+    peers = [lib for lib in a.libs if lib != "fastper"]
+    if not peers:
+        if a.out.resolve() == (HERE / "results").resolve():
+            return refuse(
+                a,
+                "--libs fastper alone would replace the peer comparison in "
+                f"{a.out} with a fastper-only table; name another --out DIR",
+            )
+        return None
+    missing = [lib for lib in peers if not installed(lib)]
+    if missing == peers:
+        return refuse(
+            a,
+            f"no peer library is installed ({', '.join(missing)} missing); install them with "
+            f"{INSTALL}, or choose installed ones with --libs; nothing was run or written",
+        )
+    if missing:
+        print(
+            f"[peers] not installed: {', '.join(missing)} ({INSTALL}); measuring "
+            f"{', '.join(lib for lib in a.libs if lib not in missing)}, the others read n/a",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None
+
+
+def measured(result: dict[str, Any]) -> bool:
+    """Whether a merged result holds at least one timing beyond import and first use."""
+    return bool(result.get("available")) and any(
+        row["op"] not in ("import", "first_use") for row in result.get("rows", [])
+    )
+
+
+def nothing_measured(a: argparse.Namespace, results: list[dict[str, Any]]) -> str | None:
+    """Why the report must not be written (no requested peer was measured), or None."""
+    peers = [lib for lib in a.libs if lib != "fastper"]
+    if not peers or any(r["lib"] in peers and measured(r) for r in results):
+        return None
+    reasons = {
+        r["lib"]: str(r.get("reason") or r.get("error")) for r in results if r["lib"] in peers
+    }
+    why = "; ".join(f"{lib}: {reason}" for lib, reason in reasons.items())
+    return f"no peer library could be measured ({why[:400]}); install them with {INSTALL}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every (library, capacity) worker in turn and write the report."""
     a = parse_args(argv)
     if a.worker:
         return worker_main(a)
+    stop = check_libraries(a)
+    if stop is not None:
+        return stop
     t_start = time.perf_counter()
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     unavailable: set[str] = set()
@@ -295,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not r.get("available"):
                     unavailable.add(lib)
     results = [merge(rs) for rs in runs.values()]
+    problem = nothing_measured(a, results)
+    if problem is not None:  # never replace a report with a table of n/a
+        return refuse(a, f"{problem}; nothing written to {a.out}")
     ttfs: dict[str, Any] = {}
     if not a.no_ttfs and "fastper" in a.libs:
         print("[peers] time to first sample (fastper) ...", file=sys.stderr, flush=True)

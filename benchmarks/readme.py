@@ -5,6 +5,9 @@ The README shows the same tables, from the same run, as the committed CSV;
 full ``python benchmarks/peers.py``:
 
     python benchmarks/readme.py
+
+It refuses (exit status 2, README.md untouched) when peers.md measured no
+peer library, i.e. every "fastest peer" cell of its summary reads n/a.
 """
 
 from __future__ import annotations
@@ -26,6 +29,21 @@ def summary_block(peers_md: str) -> str:
     return match.group(1).strip()
 
 
+def check_measured(block: str) -> None:
+    """ValueError unless some row of the summary tables names a fastest peer (not n/a)."""
+    peers = []
+    for line in block.splitlines():
+        if line.startswith("| ") and not line.startswith("| op |"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 3:
+                peers.append(cells[-2])  # the "fastest peer" column
+    if not any(p != "n/a" for p in peers):
+        raise ValueError(
+            "peers.md measured no peer library (every 'fastest peer' cell is n/a); run "
+            "python benchmarks/peers.py with them installed (pip install 'fastper[bench]') first"
+        )
+
+
 def sync(readme: Path, peers_md: Path) -> bool:
     """Replace the README block between the markers; True if it changed."""
     text = readme.read_text()
@@ -34,11 +52,16 @@ def sync(readme: Path, peers_md: Path) -> bool:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     block = summary_block(peers_md.read_text()).replace("### ", "#### ")
+    check_measured(block)
     new = f"{head}{START}\n{block}\n{END}{tail}"
     readme.write_text(new)
     return new != text
 
 
 if __name__ == "__main__":
-    changed = sync(ROOT / "README.md", ROOT / "benchmarks" / "results" / "peers.md")
+    try:
+        changed = sync(ROOT / "README.md", ROOT / "benchmarks" / "results" / "peers.md")
+    except (ValueError, OSError) as exc:
+        print(f"readme.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     print("README.md updated" if changed else "README.md already up to date", file=sys.stderr)

@@ -17,6 +17,7 @@ from . import schedules
 from .buffer_state import from_state_dict, load, read_metadata
 from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, SampleBatch
 from .errors import (
+    CapacityWarning,
     CheckpointError,
     EmptyBufferError,
     FastPERError,
@@ -29,6 +30,7 @@ from .storage import Field, ReplayStorage, Storage
 from .trees import MinTree, SumTree
 
 __all__ = [
+    "CapacityWarning",
     "CheckpointError",
     "EmptyBufferError",
     "FastPERError",

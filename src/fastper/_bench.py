@@ -24,6 +24,9 @@ FIELDS = {
     "next_obs": ((4,), np.float32),
     "done": ((), np.float32),
 }
+#: The smallest capacity ``run_workloads`` can time (its n-step test adds 4-env vector steps).
+MIN_WORKLOAD_CAPACITY = 4
+
 KINDS: dict[str, type[_Buffer]] = {
     "uniform": ReplayBuffer,
     "proportional": PrioritizedReplayBuffer,
@@ -87,7 +90,7 @@ def run(
     check_correct(kind)
     rng = np.random.default_rng(seed)
     cls = KINDS[kind]
-    fill_batch = 1000
+    fill_batch = min(1000, capacity)  # a batch must not exceed the capacity
     t0 = time.perf_counter()
     buf = cls(capacity, FIELDS, seed=seed)
     init_s = time.perf_counter() - t0
@@ -119,7 +122,7 @@ def run(
     learner = _time(step, calls)
     return [
         Timing("init", "per buffer", init_s * 1e6, init_s * 1e6, 1),
-        _summary("add (batches of 1000)", "per transition", fill, fill_batch),
+        _summary(f"add (batches of {fill_batch})", "per transition", fill, fill_batch),
         _summary("add (one transition)", "per call", single),
         _summary(f"sample (B={batch_size}, weights + data)", "per call", sample),
         _summary(f"update (B={batch_size})", "per call", update),
@@ -211,7 +214,14 @@ def _actor_learner(buf: _Buffer, batch: int, seed: int = 1) -> Callable[[], obje
 def run_workloads(
     capacity: int, batch_size: int = 256, rounds: int = 5, calls: int = 100
 ) -> list[Pair]:
-    """Time the loops of issue 10 at ``capacity``; each with its reference and target ratio."""
+    """Time the loops of issue 10 at ``capacity``; each with its reference and target ratio.
+
+    ``capacity`` must be at least :data:`MIN_WORKLOAD_CAPACITY`.
+    """
+    if capacity < MIN_WORKLOAD_CAPACITY:
+        raise ValueError(
+            f"`capacity` must be >= {MIN_WORKLOAD_CAPACITY} for the workloads, got capacity={capacity}"
+        )
     from . import schedules
 
     out: list[Pair] = []

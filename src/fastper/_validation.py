@@ -132,7 +132,12 @@ def _to_numpy(value: Any) -> npt.NDArray[Any]:
     # torch tensors (and other array libraries) without importing them here
     detach = getattr(value, "detach", None)
     if detach is not None and hasattr(value, "cpu") and hasattr(value, "numpy"):
-        return np.asarray(detach().cpu().numpy())
+        t = detach().cpu()
+        if getattr(t, "is_floating_point", lambda: False)() and t.element_size() < 4:
+            # bfloat16 / float8 have no numpy dtype; float32 holds each value exactly
+            # (float16 too), and the field's cast rules apply to the result
+            t = t.float()
+        return np.asarray(t.numpy())
     try:
         return np.asarray(value)
     except (ValueError, TypeError) as exc:

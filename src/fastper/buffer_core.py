@@ -9,6 +9,8 @@ and no rows: the buffers add their sampler or device index, and storage.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -54,6 +56,16 @@ class BufferCore:
     _step: int
     _writer: RingWriter
     _storage: ReplayStorage
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Python would name the private ``_Buffer.__init__`` for a misspelt keyword
+        unknown = [k for k in kwargs if k not in _keywords(cls)]
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(name, sorted(_keywords(cls)), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}{hint}")
+        return super().__new__(cls)
 
     def _configure(
         self,
@@ -219,6 +231,26 @@ class BufferCore:
 
     def _class_settings(self) -> dict[str, Any]:
         return {}
+
+
+_KEYWORDS: dict[type, frozenset[str]] = {}
+
+
+def _keywords(cls: type) -> frozenset[str]:
+    """Keyword arguments the constructors along ``cls``'s MRO name (``**kwargs`` forwards)."""
+    known = _KEYWORDS.get(cls)
+    if known is not None:
+        return known
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                names.add(p.name)
+    _KEYWORDS[cls] = frozenset(names)
+    return _KEYWORDS[cls]
 
 
 def constructor_args(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,10 @@ def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
         )
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
     _remove_abandoned_temporaries(target)
+    if not target.parent.is_dir():  # say so, rather than name the temporary file
+        raise FileNotFoundError(
+            f"cannot save to {str(target)!r}: the directory {str(target.parent)!r} does not exist"
+        )
     fd, tmp = _create_locked_temporary(target)
     try:
         # the rename happens under the lock, so no cleaner can take the file first

@@ -4,13 +4,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
+
+
+class UsageError(Exception):
+    """A mistake on the command line: ``main`` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block) and a pointer to ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, written ``1048576``, ``2^20`` or ``2**20``."""
+
+    def parse(text: str) -> int:
+        t = text.strip().replace("**", "^")
+        try:
+            if "^" in t:
+                base, exp = (int(x) for x in t.split("^", 1))
+                if not 0 <= exp <= 64:
+                    raise ValueError
+                value = base**exp
+            else:
+                value = int(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number such as 1000 or 2^20, got {text!r}"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def _peers_script() -> Path | None:
@@ -19,23 +56,49 @@ def _peers_script() -> Path | None:
     return script if script.is_file() else None
 
 
+#: defaults of the bench options, which mean nothing with --peers (its options follow --peers)
+_BENCH_DEFAULTS: dict[str, Any] = {
+    "capacity": 2**20,
+    "batch_size": 256,
+    "kind": "proportional",
+    "calls": 300,
+    "workloads": False,
+    "seed": 0,
+}
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import _bench
 
     if args.peers:
+        given = [
+            "--" + name.replace("_", "-")
+            for name, default in _BENCH_DEFAULTS.items()
+            if getattr(args, name) != default
+        ]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to "
+                "--peers: everything after --peers goes "
+                "to benchmarks/peers.py (see `fastper bench --peers --help`), e.g. "
+                "fastper bench --peers --capacities 2^16 --batches 256"
+            )
         script = _peers_script()
         if script is None:
-            print(
-                "fastper bench --peers: the peer benchmark lives in the source checkout "
-                "(benchmarks/peers.py); install fastper from a clone with "
-                "`pip install -e '.[bench]'` and run it there",
-                file=sys.stderr,
+            raise UsageError(
+                "the peer benchmark lives in the source checkout (benchmarks/peers.py); "
+                "install fastper from a clone with `pip install -e '.[bench]'` and run it there"
             )
-            return 2
         cmd = [sys.executable, str(script), *args.peer_args]
-        return subprocess.call(cmd, cwd=script.parent.parent)
+        env = dict(os.environ, FASTPER_PEERS_PROG="fastper bench --peers")
+        return subprocess.call(cmd, cwd=script.parent.parent, env=env)
 
     if args.workloads:
+        if args.capacity < _bench.MIN_WORKLOAD_CAPACITY:
+            raise UsageError(
+                f"--workloads needs --capacity >= {_bench.MIN_WORKLOAD_CAPACITY}, "
+                f"got {args.capacity}"
+            )
         pairs = _bench.run_workloads(args.capacity, args.batch_size, calls=max(10, args.calls // 3))
         print(_bench.format_workloads(pairs, args.capacity, args.batch_size))
         return 0
@@ -51,7 +114,7 @@ def _inspect(args: argparse.Namespace) -> int:
     try:
         meta = read_metadata(args.checkpoint, verify=args.verify)
     except (CheckpointError, OSError) as exc:
-        print(f"fastper inspect: {exc}", file=sys.stderr)
+        print(f"fastper inspect: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(meta, indent=2, sort_keys=True))
@@ -88,13 +151,17 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _agents_missing(cmd: str, exc: ImportError) -> int:
-    print(f"fastper {cmd}: {exc} (pip install 'fastper[agents]')", file=sys.stderr)
+    print(f"fastper {cmd}: error: {exc} (pip install 'fastper[agents]')", file=sys.stderr)
     return 2
 
 
 def _train(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out must be a directory, got {args.out!r} ({existing} is a file)")
     try:
-        from .agents.runner import config_class, parse_overrides, train_many
+        from .agents.runner import SettingsError, config_class, parse_overrides, train_many
 
         cls = config_class(args.algo)
     except ImportError as exc:
@@ -102,19 +169,29 @@ def _train(args: argparse.Namespace) -> int:
     try:
         overrides = parse_overrides(cls, args.set)
     except ValueError as exc:
-        print(f"fastper train: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
+    for name, option in (("seed", "--seed-offset N (and --seeds K)"), ("replay", "--replay")):
+        if name in overrides:
+            raise UsageError(f"`--set {name}` is not read (each run sets it): use {option}")
+    for name, option, value in (
+        ("env_id", "--env", args.env),
+        ("total_steps", "--steps", args.steps),
+    ):
+        if name in overrides and value is not None and overrides[name] != value:
+            raise UsageError(
+                f"`--set {name}={overrides[name]}` and `{option} {value}` disagree; give one"
+            )
     seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
     env = args.env or overrides.pop("env_id", None) or cls().env_id
+    overrides.pop("env_id", None)
     try:
         results = train_many(
-            args.algo, env, args.replay, seeds, args.steps, args.out,
+            args.algo, env, args.replay, seeds, args.steps, out,
             overrides=overrides, workers=args.workers, progress=not args.quiet,
             threads=args.threads,
         )  # fmt: skip
-    except (ValueError, TypeError) as exc:
-        print(f"fastper train: {exc}", file=sys.stderr)
-        return 2
+    except SettingsError as exc:  # found before anything was written
+        raise UsageError(str(exc)) from exc
     print(f"runs written under {args.out}:")
     for replay, seed, last, episodes, wall in results:
         print(f"  {args.algo} {replay:<8} seed {seed:<3} last-10 return {last:9.2f}  "
@@ -128,21 +205,29 @@ def _load_groups(cmd: str, dirs: Sequence[str], include_unfinished: bool) -> Any
     try:
         return group_runs(find_runs(dirs, include_unfinished))
     except ValueError as exc:
-        print(f"fastper {cmd}: {exc}", file=sys.stderr)
+        print(f"fastper {cmd}: error: {exc}", file=sys.stderr)
         return None
 
 
 def _plot(args: argparse.Namespace) -> int:
     from .agents.analysis import plot
 
+    try:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+    except ImportError as exc:
+        raise UsageError(f"plot needs matplotlib ({exc}): pip install matplotlib") from exc
+    suffix = Path(args.output).suffix.lstrip(".").lower()
+    if suffix not in formats:
+        raise UsageError(
+            f"-o/--output must end in an image type matplotlib writes "
+            f"({', '.join(sorted(formats))}), got {args.output!r}; e.g. -o curve.png"
+        )
     groups = _load_groups("plot", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
-    try:
-        out = plot(groups, args.output, args.window, args.title)
-    except ImportError as exc:
-        print(f"fastper plot: needs matplotlib ({exc}): pip install matplotlib", file=sys.stderr)
-        return 2
+    out = plot(groups, args.output, args.window, args.title)
     print(f"wrote {out}")
     return 0
 
@@ -158,15 +243,39 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fastper", description="Fast, exact prioritized experience replay."
+    parser = _Parser(
+        prog="fastper",
+        description="Fast, exact prioritized experience replay. Subcommands: bench (time the "
+        "buffers), inspect (read a checkpoint's header), train (reference agents), plot and "
+        "compare (their runs). `fastper SUBCOMMAND --help` says what each does and writes. "
+        "A mistake on the command line exits with status 2 and one line saying what to change.",
     )
     parser.add_argument("--version", action="version", version=f"fastper {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="time add / sample / update on a filled buffer")
-    bench.add_argument("--capacity", type=int, default=2**20, help="buffer capacity (default 2^20)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+
+    bench = sub.add_parser(
+        "bench",
+        help="time add / sample / update on a filled buffer",
+        description="Fill a buffer of --capacity CartPole-like transitions (after checking "
+        "on a small one that it samples the right distribution) and time its add, sample, "
+        "update_priorities and learner step (sample + update); prints a table of median and "
+        "p90 microseconds to stdout and writes no files. --workloads times the loops of real "
+        "runs beside their references instead. --peers runs the side-by-side benchmark "
+        "against cpprb, Tianshou and TorchRL (benchmarks/peers.py, source checkout and the "
+        "`bench` extra): everything after --peers is its options (`fastper bench --peers "
+        "--help`, e.g. --quick or --out DIR); it writes peers.{csv,md,png,json} to "
+        "benchmarks/results (--quick: benchmarks/results/quick). With none of the peer "
+        "libraries installed it refuses (exit status 2, nothing run or written: "
+        "pip install 'fastper[bench]'); with some, it measures those and writes only if at "
+        "least one peer was measured, so committed results are never replaced by a table "
+        "of n/a.",
+    )
     bench.add_argument(
-        "--batch-size", type=int, default=256, help="sample batch size (default 256)"
+        "--capacity", type=_integer(1), default=2**20,
+        help="buffer capacity, >= 1; 2^k accepted (default 2^20)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--batch-size", type=_integer(1), default=256, help="sample batch size (default 256)"
     )
     bench.add_argument(
         "--kind",
@@ -174,27 +283,33 @@ def build_parser() -> argparse.ArgumentParser:
         default="proportional",
         help="buffer kind (default proportional)",
     )
-    bench.add_argument("--calls", type=int, default=300, help="timed calls per op (default 300)")
+    bench.add_argument(
+        "--calls", type=_integer(1), default=300, help="timed calls per op (default 300)"
+    )
     bench.add_argument(
         "--workloads",
         action="store_true",
         help="time the loops of real runs beside their references: an alpha schedule, each "
         "buffer kind (full, half full), n-step and vector-env adds",
     )
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=_integer(0), default=0, help="random seed (default 0)")
     bench.add_argument(
         "--peers",
         action="store_true",
-        help="run the side-by-side benchmark against cpprb / Tianshou / TorchRL "
-        "(benchmarks/peers.py; needs a source checkout and the `bench` extra)",
+        help="run benchmarks/peers.py instead, with every argument after --peers "
+        "(e.g. fastper bench --peers --quick --out /tmp/peers); refuses, writing nothing, "
+        "when no peer library is installed",
     )
-    bench.add_argument(
-        "peer_args",
-        nargs=argparse.REMAINDER,
-        help="with --peers: arguments for benchmarks/peers.py (e.g. --quick)",
+    bench.set_defaults(func=_bench, peer_args=[], **_BENCH_DEFAULTS)
+
+    insp = sub.add_parser(
+        "inspect",
+        help="print a checkpoint's metadata without loading its data",
+        description="Read the header of a checkpoint written by buffer.save (format, buffer "
+        "kind, fields, settings, schedules, cursor, arrays) without loading its data, and "
+        "print it to stdout (--json: the raw header). --verify also checks the whole file's "
+        "checksum. Writes nothing; exits 1 if the file is not a readable checkpoint.",
     )
-    bench.set_defaults(func=_bench)
-    insp = sub.add_parser("inspect", help="print a checkpoint's metadata without loading its data")
     insp.add_argument("checkpoint", help="path to a checkpoint written by buffer.save")
     insp.add_argument("--verify", action="store_true", help="also verify the whole-file checksum")
     insp.add_argument("--json", action="store_true", help="print the raw header as JSON")
@@ -204,45 +319,67 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a reference agent (Double DQN or SAC) with some replay schemes and seeds",
         description="Train Double DQN or SAC; each (replay, seed) run writes "
-        "OUT/<algo>-<env>-<replay>/seed-<k>/{config.json,episodes.csv} "
-        "(and TensorBoard logs if tensorboard is installed). Needs the `agents` extra.",
+        "OUT/<algo>-<env>-<replay>/seed-<k>/{config.json,episodes.csv,summary.json} "
+        "(and TensorBoard logs if tensorboard is installed). The options, the environment "
+        "(made once) and every --set value are checked before anything is written, and a "
+        "run that fails leaves no empty directories behind. Needs the `agents` extra.",
     )
-    train.add_argument("algo", choices=["dqn", "sac"])
     train.add_argument(
-        "--env", default=None, help="Gymnasium id (default CartPole-v1 / Pendulum-v1)"
+        "algo", choices=["dqn", "sac"], help="dqn (discrete actions) or sac (continuous)"
     )
+    train.add_argument(
+        "--env", default=None,
+        help="Gymnasium id (default CartPole-v1 for dqn, Pendulum-v1 for sac)",
+    )  # fmt: skip
     train.add_argument(
         "--replay", nargs="+", choices=["uniform", "per", "rank"], default=["per"],
         help="replay scheme(s): uniform, per (proportional), rank (default per)",
     )  # fmt: skip
     train.add_argument(
-        "--seeds", type=int, default=1, help="number of seeds per scheme (default 1)"
+        "--seeds", type=_integer(1), default=1, help="number of seeds per scheme (default 1)"
     )
-    train.add_argument("--seed-offset", type=int, default=0, help="first seed (default 0)")
-    train.add_argument("--steps", type=int, default=None, help="environment steps per run")
+    train.add_argument("--seed-offset", type=_integer(0), default=0, help="first seed (default 0)")
+    train.add_argument(
+        "--steps", type=_integer(1), default=None,
+        help="environment steps per run (default: the config's total_steps)",
+    )  # fmt: skip
     train.add_argument("--out", default="runs", help="output directory (default ./runs)")
     train.add_argument(
-        "--workers", type=int, default=1,
+        "--workers", type=_integer(1), default=1,
         help="processes running seeds in parallel (default 1: one after another)",
     )  # fmt: skip
     train.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE",
-        help="override a hyperparameter, e.g. --set lr=5e-4 --set 'hidden=(64,64)'",
+        help="override a field of the agent's config (DQNConfig / SACConfig in "
+        "fastper.agents), read as that field's type: numbers (lr=5e-4, total_steps=1e5), "
+        "true/false (dueling=true), none (alpha=none), strings (device=cuda:0) and layer "
+        "widths as comma-separated integers (hidden=64,64 is two layers of 64, hidden=64 "
+        "one). Repeatable. The seed and the replay scheme come from --seed-offset / --seeds "
+        "and --replay.",
     )  # fmt: skip
     train.add_argument(
-        "--threads", type=int, default=None,
+        "--threads", type=_integer(1), default=None,
         help="torch threads per run (default: CPU cores / workers)",
     )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.set_defaults(func=_train)
 
     plot = sub.add_parser(
-        "plot", help="learning curves: mean and 95%% CI across seeds, one line per scheme"
+        "plot",
+        help="learning curves: mean and 95%% CI across seeds, one line per scheme",
+        description="Read the runs (config.json + episodes.csv) found under DIRS, smooth "
+        "each seed's episode returns over --window episodes and draw the mean and 95% "
+        "confidence band across seeds, one line per replay scheme; writes the image to "
+        "-o/--output (default curve.png; its folder is created). Exits 1 if no finished "
+        "run is found.",
     )
     plot.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
-    plot.add_argument("-o", "--output", default="curve.png", help="image file (default curve.png)")
     plot.add_argument(
-        "--window", type=int, default=20, help="episodes averaged per point (default 20)"
+        "-o", "--output", default="curve.png",
+        help="image file; its suffix picks the format (default curve.png)",
+    )  # fmt: skip
+    plot.add_argument(
+        "--window", type=_integer(1), default=20, help="episodes averaged per point (default 20)"
     )
     plot.add_argument("--title", default=None)
     plot.add_argument(
@@ -254,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser(
         "compare",
         help="table of final return, area under the curve and steps to threshold, with CIs",
+        description="Read the runs found under DIRS and print to stdout a markdown table, "
+        "one row per replay scheme: final return, area under the learning curve and steps "
+        "until the moving average reaches --threshold, with 95% intervals across seeds. "
+        "Writes nothing; exits 1 if no finished run is found.",
     )
     comp.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
     comp.add_argument(
@@ -261,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="return threshold (default: the environment's reward_threshold, e.g. 475 for CartPole-v1)",
     )  # fmt: skip
     comp.add_argument(
-        "--window", type=int, default=20,
+        "--window", type=_integer(1), default=20,
         help="episodes in the moving average for curves and the threshold (default 20)",
     )  # fmt: skip
     comp.add_argument(
@@ -272,9 +413,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _split_peers(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``bench ... --peers REST``: (the arguments up to --peers, REST for peers.py)."""
+    if argv[:1] == ["bench"] and "--peers" in argv:
+        i = argv.index("--peers")
+        rest = argv[i + 1 :]
+        return argv[: i + 1], rest[1:] if rest[:1] == ["--"] else rest
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Run the ``fastper`` command; returns its exit status (2: a mistake on the command line)."""
+    argv, peer_args = _split_peers(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = (
+            "; options of the peer benchmark go after --peers, e.g. fastper bench --peers --quick"
+            if args.command == "bench"
+            else ""
+        )
+        prog = f"fastper {args.command}"
+        print(
+            f"{prog}: error: unrecognized arguments: {' '.join(extra)}{hint} (see `{prog} --help`)",
+            file=sys.stderr,
+        )
+        return 2
+    if peer_args is not None:
+        args.peer_args = peer_args
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        message = " ".join(str(exc).split())
+        print(f"fastper {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

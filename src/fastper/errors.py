@@ -37,3 +37,7 @@ class ScheduleNotSerializableError(FastPERError, ValueError):
 
 class InvalidIndexError(FastPERError, IndexError, ValueError):
     """An index is out of range, or names a slot that was never written."""
+
+
+class CapacityWarning(UserWarning):
+    """A buffer will need more memory when full than this machine has."""

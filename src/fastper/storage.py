@@ -15,6 +15,8 @@ the rows untouched.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._validation import check_int, show, to_numpy
-from .errors import FieldTypeError
+from .errors import CapacityWarning, FieldTypeError
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,31 @@ def coerce_batch(
     return out, k
 
 
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (2^40 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 40
+
+
+def warn_if_too_large(nbytes: int, what: str) -> None:
+    """Warn (:class:`~fastper.errors.CapacityWarning`) when ``nbytes`` exceed the machine's RAM.
+
+    Columns are mapped lazily, so such a buffer constructs at once and runs out
+    of memory only as it fills: say so up front, with the sizes.
+    """
+    ram = physical_memory()
+    if nbytes > ram:
+        warnings.warn(
+            f"{what} will take {nbytes / 2**30:.1f} GiB when full, more than this machine's "
+            f"{ram / 2**30:.1f} GiB of memory: the process will run out of memory as it fills "
+            "(use a smaller capacity, or fewer or smaller fields)",
+            CapacityWarning,
+            stacklevel=4,
+        )
+
+
 @runtime_checkable
 class ReplayStorage(Protocol):
     """What a buffer needs from its storage.
@@ -286,6 +313,9 @@ class Storage:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields = make_fields(fields)
         # np.zeros maps fresh zero pages lazily: memory is touched as rows are written
+        warn_if_too_large(
+            self.capacity * self.nbytes_per_slot, f"a buffer of capacity {self.capacity}"
+        )
         self.columns: dict[str, np.ndarray] = {
             name: np.zeros((self.capacity, *f.shape), dtype=f.dtype)
             for name, f in self.fields.items()

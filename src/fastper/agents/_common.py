@@ -214,6 +214,14 @@ def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...]
         value = getattr(cfg, name)
         if not isinstance(value, int | float) or not 0 <= value <= 1:
             raise ValueError(f"`{name}` must be in [0, 1], got {name}={value!r}")
+    hidden = getattr(cfg, "hidden", ())
+    if not isinstance(hidden, tuple | list) or not all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in hidden
+    ):
+        raise ValueError(
+            "`hidden` must be a tuple of positive layer widths, e.g. hidden=(64, 64), "
+            f"got hidden={hidden!r}"
+        )
     if cfg.learning_starts < 0 or cfg.n_step < 1 or cfg.seed < 0:
         raise ValueError(
             "`learning_starts` and `seed` must be >= 0 and `n_step` >= 1, got "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import multiprocessing
 import os
 import sys
@@ -33,29 +34,204 @@ def config_class(algo: str) -> type[Any]:
     raise ValueError(f"`algo` must be one of {list(ALGOS)}, got algo={algo!r}")
 
 
-def parse_overrides(cls: type[Any], pairs: Sequence[str]) -> dict[str, Any]:
-    """``["lr=3e-4", "hidden=(64, 64)"]`` -> typed values for fields of ``cls``.
+class SettingsError(ValueError):
+    """A bad setting or environment, found before anything is written or trained."""
 
-    Values are Python literals (numbers, tuples, None, True); anything else
-    is taken as a string. Raises ValueError for unknown fields or bad pairs.
+
+_MISSING = object()
+
+#: How ``--set`` values of each annotation are read (see :func:`parse_overrides`).
+_EXPECTS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "tuple[int, ...]": "hidden layer widths: one positive integer per layer",
+}
+
+
+def _example(name: str, kind: str, default: Any) -> str:
+    if kind.startswith("tuple"):
+        return f"--set {name}=64,64 (two layers of 64) or --set {name}=64 (one)"
+    if default is None or default is dataclasses.MISSING:
+        return f"--set {name}=0.5"
+    return f"--set {name}={str(default).lower() if isinstance(default, bool) else default}"
+
+
+def _coerce(name: str, kind: str, default: Any, text: str) -> Any:
+    """``text`` read as a value of the field annotation ``kind``; ValueError if it is not one."""
+    raw = text.strip()
+    try:
+        value: Any = ast.literal_eval(raw)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = raw
+    optional = kind.replace(" ", "").endswith("|None")
+    base = kind.split("|")[0].strip()
+    if optional and (value is None or raw.lower() in ("none", "null")):
+        return None
+    ok: Any = _MISSING
+    if base == "str":
+        ok = value if isinstance(value, str) else raw
+    elif base == "bool":
+        if isinstance(value, bool):
+            ok = value
+        elif raw.lower() in ("true", "yes", "on", "1"):
+            ok = True
+        elif raw.lower() in ("false", "no", "off", "0"):
+            ok = False
+    elif base == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            ok = value
+        elif isinstance(value, float) and value.is_integer():  # 1e5
+            ok = int(value)
+    elif base == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            ok = float(value)
+    elif base.startswith("tuple"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value,)  # hidden=64: one layer of 64
+        if isinstance(value, tuple | list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        ):
+            ok = tuple(value)
+    else:  # an annotation this parser does not know: the literal as written
+        ok = value
+    if ok is _MISSING:
+        expects = _EXPECTS.get(base, base) + (" or none" if optional else "")
+        raise SettingsError(
+            f"`--set {name}` takes {expects}, got {raw!r}; e.g. {_example(name, base, default)}"
+        )
+    return ok
+
+
+def parse_overrides(cls: type[Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """``["lr=3e-4", "hidden=64,64"]`` -> typed values for fields of ``cls``.
+
+    Each value is read as its field's type: integers (``1e5`` too), numbers,
+    ``true`` / ``false``, ``none`` where the field allows it, strings as
+    written, and layer widths (``hidden``) as comma-separated integers
+    (``64,64``, ``(64, 64)``; ``64`` is one layer). Raises :class:`SettingsError`
+    (a ValueError) for a pair without ``=``, an unknown field or a value of
+    the wrong type, with the accepted form in the message.
     """
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"`--set` must look like name=value, got {pair!r}")
+            raise SettingsError(
+                f"`--set` must look like name=value, got {pair!r}; e.g. --set lr=0.0005"
+            )
         name, text = pair.split("=", 1)
         name = name.strip().replace("-", "_")
-        if name not in names:
-            raise ValueError(
-                f"`--set` must name a field of {cls.__name__} ({', '.join(sorted(names))}), got {name!r}"
+        if name not in fields:
+            close = difflib.get_close_matches(name, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SettingsError(
+                f"`--set` must name a field of {cls.__name__} ({', '.join(sorted(fields))}), "
+                f"got {name!r}{hint}"
+            )
+        f = fields[name]
+        default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+        out[name] = _coerce(name, str(f.type), default, text)
+    return out
+
+
+def check_env(algo: str, env_id: str) -> None:
+    """Make ``env_id`` once and check that ``algo`` can train on it.
+
+    Raises :class:`SettingsError` with one line saying what to do when the id
+    is unknown, its dependencies are missing, or its spaces do not suit
+    ``algo`` (DQN: Discrete actions; SAC: Box actions; a flat observation).
+    """
+    try:
+        import gymnasium as gym
+        from gymnasium import error as gym_error
+    except ImportError as exc:
+        raise SettingsError(
+            f"training needs gymnasium ({exc}): pip install 'fastper[agents]'"
+        ) from exc
+    from ..spaces import fields_from_spaces
+
+    try:
+        env: Any = gym.make(env_id)
+    except (gym_error.Error, ImportError) as exc:
+        why = " ".join(str(exc).split())
+        raise SettingsError(
+            f"cannot make environment {env_id!r}: {why} (--env takes a registered Gymnasium "
+            "id such as CartPole-v1 or Pendulum-v1; list them with "
+            "python -c 'import gymnasium; gymnasium.pprint_registry()')"
+        ) from exc
+    try:
+        action = type(env.action_space).__name__
+        need, other = ("Discrete", "sac") if algo == "dqn" else ("Box", "dqn")
+        if action != need:
+            raise SettingsError(
+                f"{algo.upper()} needs a {need} action space, got {env.action_space} for "
+                f"{env_id}; choose another --env or use `fastper train {other}`"
+            )
+        if getattr(env.observation_space, "shape", None) is None:
+            raise SettingsError(
+                f"{algo.upper()} needs a flat (Box) observation space, got "
+                f"{env.observation_space} for {env_id}; choose another --env"
             )
         try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        out[name] = value
-    return out
+            fields_from_spaces(env.observation_space, env.action_space)
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"cannot store transitions of {env_id}: {exc}") from exc
+    finally:
+        env.close()
+
+
+def _check_device(text: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise SettingsError(
+            f"`device` must be a torch device such as cpu or cuda:0, got device={text!r}"
+        ) from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError(
+            f"device={text!r} but torch sees no CUDA GPU here; use --set device=cpu"
+        )
+
+
+def plan_runs(
+    algo: str,
+    env_id: str,
+    replays: Sequence[str],
+    seeds: Sequence[int],
+    steps: int | None,
+    overrides: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The checked settings of every (replay, seed) run, seed-major.
+
+    Builds each run's config and makes the environment once, so that a bad
+    setting or environment raises :class:`SettingsError` before anything is
+    written.
+    """
+    try:
+        cls = config_class(algo)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+    jobs = []
+    cfg: Any = None
+    for seed in seeds:  # seed-major, so an interrupted sweep stays balanced across schemes
+        for replay in replays:
+            settings = dict(overrides or {})
+            settings.update(env_id=env_id, replay=replay, seed=int(seed))
+            if steps is not None:
+                settings["total_steps"] = int(steps)
+            try:
+                cfg = cls(**settings)
+            except (TypeError, ValueError) as exc:
+                raise SettingsError(str(exc)) from exc
+            jobs.append(settings)
+    if cfg is not None:
+        _check_device(str(cfg.device))
+        check_env(algo, env_id)
+    return jobs
 
 
 def run_dir(out: str | Path, algo: str, env_id: str, replay: str, seed: int) -> Path:
@@ -103,17 +279,49 @@ def train_many(
     is one line per run. Each run uses ``threads`` torch threads (default
     ``cpu_count // workers``).
     """
-    cls = config_class(algo)
-    jobs = []
-    for seed in seeds:  # seed-major, so an interrupted sweep stays balanced across schemes
-        for replay in replays:
-            settings = dict(overrides or {})
-            settings.update(env_id=env_id, replay=replay, seed=int(seed))
-            if steps is not None:
-                settings["total_steps"] = int(steps)
-            cls(**settings)  # fail fast on a bad setting, before any process starts
-            jobs.append(settings)
-    Path(out).mkdir(parents=True, exist_ok=True)
+    jobs = plan_runs(algo, env_id, replays, seeds, steps, overrides)
+    out = Path(out)
+    # directories this call creates: removed again if a failure leaves them empty
+    fresh = _new_dirs(out)
+    for s in jobs:
+        path = run_dir(out.absolute(), algo, s["env_id"], s["replay"], s["seed"])
+        fresh += [d for d in (path, path.parent) if not d.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_jobs(algo, jobs, replays, out, workers, progress, threads)
+    except BaseException:
+        _remove_empty(fresh)
+        raise
+
+
+def _new_dirs(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet."""
+    out = []
+    p = path.absolute()
+    while not p.exists() and p.parent != p:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_empty(dirs: Sequence[Path]) -> None:
+    """Remove those of ``dirs`` that are empty, deepest first; keep everything else."""
+    for d in sorted(set(dirs), key=lambda p: len(p.absolute().parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:  # not empty (a run wrote something: keep it), or never made
+            pass
+
+
+def _run_jobs(
+    algo: str,
+    jobs: list[dict[str, Any]],
+    replays: Sequence[str],
+    out: Path,
+    workers: int,
+    progress: bool,
+    threads: int | None,
+) -> list[tuple[str, int, float, int, float]]:
     results = []
     t0 = time.perf_counter()
     if threads is None:

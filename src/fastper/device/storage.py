@@ -33,6 +33,7 @@ from ..storage import (
     coerce_batch,
     make_fields,
     row_count,
+    warn_if_too_large,
 )
 from ._torch import torch
 
@@ -74,6 +75,9 @@ class TorchStorage:
         self.fields: dict[str, Field] = make_fields(fields)
         self.device = torch.device(device)
         self.dtypes = {name: torch_dtype(name, f.dtype) for name, f in self.fields.items()}
+        if self.device.type == "cpu":  # (a GPU's allocator refuses at once, with the sizes)
+            per_slot = sum(f.nbytes_per_item for f in self.fields.values())
+            warn_if_too_large(self.capacity * per_slot, f"a buffer of capacity {self.capacity}")
         self.columns: dict[str, torch.Tensor] = {
             name: torch.zeros(
                 (self.capacity, *f.shape), dtype=self.dtypes[name], device=self.device
