@@ -232,6 +232,14 @@ class BufferCore:
     def _class_settings(self) -> dict[str, Any]:
         return {}
 
+    def _schedules_state(self) -> dict[str, Any]:
+        """The schedules as a state's ``schedules`` (see :func:`fastper.schedules.to_dict`)."""
+        return {
+            "alpha": _sched.to_dict(self._alpha_schedule),
+            "beta": _sched.to_dict(self._beta_schedule),
+            "priority_noise": _sched.to_dict(self._noise_schedule),
+        }
+
 
 _KEYWORDS: dict[type, frozenset[str]] = {}
 

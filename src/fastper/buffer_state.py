@@ -229,11 +229,7 @@ class StateMixin(BufferCore):
         return {
             "kind": self.kind,
             "settings": self._settings(),
-            "schedules": {
-                "alpha": _sched.to_dict(self._alpha_schedule),
-                "beta": _sched.to_dict(self._beta_schedule),
-                "priority_noise": _sched.to_dict(self._noise_schedule),
-            },
+            "schedules": self._schedules_state(),
             "buffer": {
                 "scheme": self._scheme,
                 "scheme_options": self._scheme_options,

@@ -239,6 +239,18 @@ def warn_if_too_large(nbytes: int, what: str) -> None:
         )
 
 
+def check_columns(fields: Mapping[str, Field], state: Mapping[str, Any], n: int) -> None:
+    """A storage state holds ``columns/<field>`` for every field: numpy, its dtype, ``n`` rows."""
+    expected = {f"columns/{name}" for name in fields}
+    if set(state) != expected:
+        raise ValueError(f"storage state must hold {sorted(expected)}, got {sorted(state)}")
+    for name, field in fields.items():
+        a = state[f"columns/{name}"]
+        if not isinstance(a, np.ndarray) or a.dtype != field.dtype or a.shape != (n, *field.shape):
+            got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ValueError(f"column `{name}` must be {field.dtype}{(n, *field.shape)}, got {got}")
+
+
 @runtime_checkable
 class ReplayStorage(Protocol):
     """What a buffer needs from its storage.
@@ -360,20 +372,7 @@ class Storage:
         return {f"columns/{name}": col[:n] for name, col in self.columns.items()}
 
     def load_state_dict(self, state: Mapping[str, Any], n: int) -> None:
-        expected = {f"columns/{name}" for name in self.columns}
-        if set(state) != expected:
-            raise ValueError(f"storage state must hold {sorted(expected)}, got {sorted(state)}")
-        for name, field in self.fields.items():
-            a = state[f"columns/{name}"]
-            if (
-                not isinstance(a, np.ndarray)
-                or a.dtype != field.dtype
-                or a.shape != (n, *field.shape)
-            ):
-                got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
-                raise ValueError(
-                    f"column `{name}` must be {field.dtype}{(n, *field.shape)}, got {got}"
-                )
+        check_columns(self.fields, state, n)
         for name, col in self.columns.items():
             a = state[f"columns/{name}"]
             if not np.shares_memory(a, col):  # read in place by the loader: nothing to copy

@@ -554,11 +554,7 @@ class _DeviceBuffer(BufferCore):
         return {
             "kind": self.kind,
             "settings": self._settings(),
-            "schedules": {
-                "alpha": _sched.to_dict(self._alpha_schedule),
-                "beta": _sched.to_dict(self._beta_schedule),
-                "priority_noise": _sched.to_dict(self._noise_schedule),
-            },
+            "schedules": self._schedules_state(),
             "buffer": {
                 "max_priority_ever": float(self._max_seen),
                 "stale_updates": int(self._stale),

@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_int, show
+from .._validation import check_int
 from ..errors import FieldTypeError
 from ..storage import (
     Field,
     FieldLike,
     batch_length,
+    check_columns,
     check_names,
     coerce_batch,
     make_fields,
@@ -180,19 +181,6 @@ class TorchStorage:
 
     def load_state_dict(self, state: Mapping[str, Any], n: int) -> None:
         """Check the arrays (dtype, shape), then copy them to the device."""
-        expected = {f"columns/{name}" for name in self.columns}
-        if set(state) != expected:
-            raise ValueError(f"storage state must hold {sorted(expected)}, got {sorted(state)}")
-        for name, field in self.fields.items():
-            a = state[f"columns/{name}"]
-            if (
-                not isinstance(a, np.ndarray)
-                or a.dtype != field.dtype
-                or a.shape != (n, *field.shape)
-            ):
-                got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else show(a)
-                raise ValueError(
-                    f"column `{name}` must be {field.dtype}{(n, *field.shape)}, got {got}"
-                )
+        check_columns(self.fields, state, n)
         for name, col in self.columns.items():
             col[:n].copy_(torch.from_numpy(np.ascontiguousarray(state[f"columns/{name}"])))
