@@ -36,9 +36,11 @@ class Field:
 
     @property
     def nbytes_per_item(self) -> int:
+        """Bytes of one transition's value of this field."""
         return int(math.prod(self.shape)) * int(self.dtype.itemsize)
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"shape": [...], "dtype": "<f4"}``: JSON-able, as in a state's settings."""
         return {"shape": list(self.shape), "dtype": self.dtype.str}
 
 
@@ -335,9 +337,11 @@ class Storage:
 
     @property
     def nbytes_per_slot(self) -> int:
+        """Bytes of one transition (all fields)."""
         return sum(f.nbytes_per_item for f in self.fields.values())
 
     def nbytes(self) -> int:
+        """Bytes the columns take when full (pages are mapped as rows are written)."""
         return int(sum(c.nbytes for c in self.columns.values()))
 
     def prepare(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
@@ -359,6 +363,7 @@ class Storage:
         return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """A copy of rows ``lo .. hi-1`` of field ``name``. O(hi - lo)."""
         return self.columns[name][lo:hi].copy()
 
     def clear(self) -> None:
@@ -369,9 +374,11 @@ class Storage:
         return {f"columns/{name}": col[:n] for name, col in self.columns.items()}
 
     def state_targets(self, n: int) -> dict[str, np.ndarray]:
+        """The first ``n`` rows of every column, for a loader to read a file into in place."""
         return {f"columns/{name}": col[:n] for name, col in self.columns.items()}
 
     def load_state_dict(self, state: Mapping[str, Any], n: int) -> None:
+        """Check ``state``'s columns (names, dtypes, ``n`` rows), then take them. O(N)."""
         check_columns(self.fields, state, n)
         for name, col in self.columns.items():
             a = state[f"columns/{name}"]

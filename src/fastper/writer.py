@@ -59,6 +59,7 @@ class RingWriter:
         self.key_base = self.added
 
     def state_dict(self) -> dict[str, Any]:
+        """The counters: ``size``, ``cursor``, ``total_added``, ``key_base``."""
         return {
             "size": self.size,
             "cursor": self.cursor,

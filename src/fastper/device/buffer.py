@@ -212,6 +212,7 @@ class _DeviceBuffer(BufferCore):
 
     @property
     def alpha(self) -> float:
+        """The alpha in force: the one the stored probabilities and weights use."""
         return self._index.alpha
 
     @property
