@@ -50,8 +50,9 @@ from .. import checkpoint as _ckpt
 from .. import schedules as _sched
 from .._validation import check_int, check_real, show
 from ..buffer_core import BufferCore, check_flag, constructor_args
-from ..buffer_state import locked
+from ..buffer_state import _restore_schedule, locked
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
+from ..samplers import check_priority_array
 from ..storage import FieldLike, coerce_batch
 from ..writer import RingWriter
 from ._torch import torch
@@ -638,8 +639,6 @@ def _from_state(
     shared = ("capacity", "fields", "nstep", "eps", "clip", "max_priority", "stratified",
               "shuffle", "weight_norm", "alpha_every", "gamma", "seed")  # fmt: skip
     args = constructor_args({k: s.get(k) for k in shared})
-    from ..buffer_state import _restore_schedule
-
     sch = state["schedules"]
     buf = cls(
         **args, device=device, validate=validate, backend=backend,
@@ -651,12 +650,7 @@ def _from_state(
     writer.load_state_dict(state["writer"])
     n = writer.size
     sampler = state["sampler"]
-    pri = sampler["priorities"]
-    if (
-        not isinstance(pri, np.ndarray) or pri.dtype != np.float64 or pri.shape != (n,)
-        or not np.isfinite(pri).all() or (n and pri.min() < 0)
-    ):  # fmt: skip
-        raise ValueError(f"`priorities` must be {n} finite float64 priorities >= 0")
+    pri = check_priority_array("priorities", sampler["priorities"], n)
     max_seen = check_real("max_priority_ever", buf_state["max_priority_ever"], minimum=1.0)
     if n and float(pri.max()) > max_seen:
         raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")

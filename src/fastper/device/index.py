@@ -33,7 +33,7 @@ import numpy as np
 
 from .._kernels import prioritized as _pk
 from .._kernels import ring as _ring
-from ..errors import InvalidIndexError
+from .._validation import as_index_array, as_value_array
 from ..samplers import ProportionalSampler, UniformSampler
 from ._torch import torch
 from .tree import DeviceSumTree, max_leaf
@@ -50,20 +50,17 @@ def update_error(
     idx: torch.Tensor, td: torch.Tensor, p: torch.Tensor, keys: torch.Tensor | None,
     n: int, capacity: int, limit: float, added: int, noisy: bool,
 ) -> Exception:  # fmt: skip
-    """The exception for an update with a bad entry (reads the device: syncs)."""
-    out = (idx < 0) | (idx >= capacity)
-    if bool(out.any()):
-        return InvalidIndexError(
-            f"`indices` must lie in [0, {capacity}), got {idx[out][:8].tolist()}"
-        )
-    unwritten = idx >= n
-    if bool(unwritten.any()):
-        return InvalidIndexError(
-            f"`indices` must name written slots (< len = {n}), got {idx[unwritten][:8].tolist()}"
-        )
-    bad_td = ~torch.isfinite(td)
-    if bool(bad_td.any()) and not noisy:
-        return ValueError(f"`td_errors` must be finite, got {td[bad_td][:8].tolist()}")
+    """The exception for an update with a bad entry (reads the device: syncs).
+
+    Indices and td errors go through the CPU buffers' own validators, so both
+    raise the same errors with the same messages.
+    """
+    try:
+        as_index_array("indices", idx.cpu().numpy(), capacity, written=n)
+        if not noisy:  # noise is applied first: a non-finite td shows as a bad priority
+            as_value_array("td_errors", td.cpu().numpy(), idx.shape[0], nonnegative=False)
+    except ValueError as exc:  # InvalidIndexError is a ValueError too
+        return exc
     big = ~torch.isfinite(p) | (p > limit)
     if bool(big.any()):
         if noisy:
