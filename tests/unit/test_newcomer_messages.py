@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fastper
+import fastper.storage
 from fastper.storage import physical_memory
 
 FIELDS = {"obs": ((2,), np.float32)}
@@ -33,16 +34,19 @@ def test_subclass_keywords_still_work_and_are_suggested() -> None:
         fastper.ReplayBuffer(16, FIELDS, zzz=1)
 
 
-def test_a_buffer_larger_than_memory_warns_with_the_sizes() -> None:
-    ram = physical_memory()
+def test_a_buffer_larger_than_memory_warns_with_the_sizes(monkeypatch) -> None:
+    # a machine of 1 MiB: the test allocates only small columns (asking numpy for
+    # more than the real RAM may itself fail with MemoryError, depending on overcommit)
+    assert physical_memory() > 1 << 30  # the OS query itself: this machine's RAM, in bytes
+    monkeypatch.setattr(fastper.storage, "physical_memory", lambda: 1 << 20)
     per_slot = 84 * 84
-    capacity = ram // per_slot + 1
+    capacity = (1 << 20) // per_slot + 1
     with pytest.warns(fastper.CapacityWarning, match=r"GiB when full, more than this machine"):
         buf = fastper.ReplayBuffer(capacity, {"obs": ((84, 84), np.uint8)})
     assert buf.capacity == capacity  # built (columns are mapped lazily), but the user knows
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fastper.ReplayBuffer(1000, {"obs": ((84, 84), np.uint8)})  # fits: no warning
+        fastper.ReplayBuffer(capacity - 1, {"obs": ((84, 84), np.uint8)})  # fits: no warning
 
 
 def test_saving_into_a_missing_directory_names_the_directory(tmp_path) -> None:
@@ -66,3 +70,17 @@ def test_bfloat16_and_float16_tensors_are_stored_by_the_field_rules() -> None:
     assert buf.storage.columns["a"][:2].tolist() == [3, 1]
     with pytest.raises(fastper.FieldTypeError, match="`a`"):  # 2.5 would be truncated
         buf.add({"obs": torch.zeros(1, 2), "a": torch.tensor([2.5], dtype=torch.bfloat16)})
+    # the refused add changed nothing
+    assert len(buf) == 2 and buf.total_added == 2
+    assert np.array_equal(buf.storage.columns["obs"][:3], [[0.5, -2.0], [1.5, 4.0], [0.0, 0.0]])
+
+
+def test_a_misspelt_keyword_builds_nothing_and_changes_no_other_buffer() -> None:
+    buf = fastper.PrioritizedReplayBuffer(8, FIELDS, seed=0)
+    buf.add({"obs": np.ones((3, 2), np.float32)})
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match="alhpa"):
+        fastper.PrioritizedReplayBuffer(8, FIELDS, alhpa=0.5, seed=0)
+    after = buf.state_dict()
+    assert after["writer"] == before["writer"] and after["buffer"]["rng"] == before["buffer"]["rng"]
+    assert np.array_equal(after["sampler"]["priorities"], before["sampler"]["priorities"])
