@@ -31,6 +31,8 @@ PUBLIC: dict[str, list[str] | None] = {
     "fastper.storage": ["coerce_batch"],
     "fastper.device": None,
     "fastper.compat.dopamine": None,
+    "fastper.limiter": None,
+    "fastper.distributed": None,
 }
 
 

@@ -26,6 +26,7 @@ from .errors import (
     ScheduleNotSerializableError,
     ZeroPriorityError,
 )
+from .limiter import RateLimitedBuffer, RateLimiter
 from .storage import Field, ReplayStorage, Storage
 from .trees import MinTree, SumTree
 
@@ -40,6 +41,8 @@ __all__ = [
     "MinTree",
     "PrioritizedReplayBuffer",
     "RankBasedReplayBuffer",
+    "RateLimitedBuffer",
+    "RateLimiter",
     "ReplayBuffer",
     "ReplayStorage",
     "SampleBatch",

@@ -44,3 +44,32 @@ class SampleBatch:
         out["weights"] = torch.as_tensor(self.weights, device=device)
         out["indices"] = torch.as_tensor(self.indices, device=device)
         return out
+
+
+@dataclass(frozen=True)
+class MassSample:
+    """A buffer's part of a sample drawn over several buffers (see ``sample_mass``).
+
+    Attributes:
+        data: ``{field: array}`` of the rows found (copies).
+        indices: slots found (int64).
+        keys: insertion counter of each slot's occupant (int64).
+        masses: each slot's sampling mass: ``p_i ** alpha`` (proportional),
+            1.0 (uniform). float64.
+        total: the buffer's whole mass when the slots were found.
+        min_mass: its smallest positive mass then (``inf`` when empty).
+        size: transitions it held then.
+        added: transitions ever added to it then.
+    """
+
+    data: dict[str, np.ndarray]
+    indices: np.ndarray
+    keys: np.ndarray
+    masses: np.ndarray
+    total: float
+    min_mass: float
+    size: int
+    added: int
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])

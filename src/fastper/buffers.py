@@ -56,7 +56,7 @@ from ._validation import (
     show,
     to_numpy,
 )
-from .batch import SampleBatch
+from .batch import MassSample, SampleBatch
 from .buffer_core import MaxPriorityPolicy
 from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
@@ -522,6 +522,76 @@ class _Buffer(StateMixin):
             raise ValueError(f"invalid priority update (code {code})")
 
     # -- housekeeping ----------------------------------------------------------
+    # -- a part of a sample over several buffers ---------------------------------
+    @locked
+    def sample_mass(self, targets: Any, view_total: float | None = None) -> MassSample:
+        """The slots under given points of this buffer's sampling mass. O(B log N).
+
+        A buffer's half of a sample drawn over several buffers (the shards of
+        :mod:`fastper.distributed`): a coordinator that knows every buffer's
+        total mass draws stratified points over their union and sends each
+        buffer the points that fall in its share, as offsets into its mass
+        (``p_i ** alpha`` per slot when proportional, 1 per slot when uniform).
+        If the mass changed since the coordinator's view ``view_total``, the
+        points are rescaled to the current total: the buffer's share stays the
+        one the coordinator drew with, the slot within it follows the current
+        priorities, and the masses returned are the ones actually used.
+
+        Uses no randomness and does not advance :attr:`step`: the caller owns
+        the draws, beta and the weights (``masses`` and ``total`` give them).
+
+        Args:
+            targets: points in ``[0, view_total]`` (``[0, total]`` without a view).
+            view_total: the total the points were drawn against, or ``None``.
+
+        Raises:
+            EmptyBufferError: nothing stored. ZeroPriorityError: all masses zero.
+            TypeError: rank-based sampling (its mass is not additive).
+            ValueError: points outside the range, not finite, or not 1-D.
+        """
+        n = len(self)
+        if n == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        sampler = self._sampler
+        total, min_mass = sampler.mass_stats(n)
+        sampler.check_sampleable(n)
+        arr = to_numpy(targets)
+        if arr.ndim != 1:
+            raise ValueError(f"`targets` must be 1-D, got targets with shape {arr.shape}")
+        view = total if view_total is None else check_real("view_total", view_total)
+        if not view > 0.0:
+            raise ValueError(f"`view_total` must be > 0, got view_total={view!r}")
+        t = as_value_array("targets", arr, arr.shape[0], nonnegative=True)
+        if t.size and t.max() > view:
+            raise ValueError(
+                f"`targets` must be <= view_total={view!r}, got max target {float(t.max())!r}"
+            )
+        if view != total:
+            t = t * (total / view)
+        idx, masses = sampler.mass_find(t, n)
+        w = self._writer
+        return MassSample(
+            data=self._storage.gather(idx),
+            indices=idx,
+            keys=w.keys(idx),
+            masses=masses,
+            total=total,
+            min_mass=min_mass,
+            size=n,
+            added=w.added,
+        )
+
+    @locked
+    def mass_stats(self) -> tuple[float, float, int, int]:
+        """(total mass, smallest positive mass, size, transitions ever added), O(1).
+
+        What a coordinator of several buffers needs to split a sample among
+        them (see :meth:`sample_mass`); rank-based buffers raise TypeError.
+        """
+        n = len(self)
+        total, min_mass = self._sampler.mass_stats(n)
+        return total, min_mass, n, self._writer.added
+
     @locked
     def clear(self) -> None:
         """Drop every transition and pending n-step window. O(N).

@@ -206,6 +206,20 @@ class Sampler:
         """P(i) of a single exact draw for each slot in ``idx``. O(B)."""
         return np.full(idx.shape[0], 1.0 / n)
 
+    def mass_find(self, targets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slots under points of the sampling mass and their masses (see ``sample_mass``)."""
+        raise TypeError(
+            f"{self.kind} sampling has no additive mass to split across buffers; "
+            "use uniform or proportional replay"
+        )
+
+    def mass_stats(self, n: int) -> tuple[float, float]:
+        """(total mass, smallest positive mass) over the ``n`` stored slots."""
+        raise TypeError(
+            f"{self.kind} sampling has no additive mass to split across buffers; "
+            "use uniform or proportional replay"
+        )
+
     def clear(self) -> None:
         self.raw_leaves[:] = 0.0
 
@@ -259,6 +273,14 @@ class UniformSampler(Sampler):
         prob = np.full(b, 1.0 / n)
         keys = slot_keys(idx, key_base, added, self.capacity)
         return idx, prob, np.ones(b, dtype=np.float64), keys
+
+
+    def mass_find(self, targets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.minimum(targets.astype(np.int64), n - 1)  # unit mass per slot
+        return idx, np.ones(idx.shape[0], dtype=np.float64)
+
+    def mass_stats(self, n: int) -> tuple[float, float]:
+        return float(n), (1.0 if n else math.inf)
 
 
 class ProportionalSampler(Sampler):
@@ -363,6 +385,16 @@ class ProportionalSampler(Sampler):
             u, stratified, beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
         )  # fmt: skip
         return idx, prob, w, keys
+
+    def mass_find(self, targets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.empty(targets.shape[0], dtype=np.int64)
+        _tk.sum_find(self.leaves, self.sinner, self.offs, self.depth, targets, idx)
+        return idx, self.leaves[idx]
+
+    def mass_stats(self, n: int) -> tuple[float, float]:
+        if not self.track_min:
+            return self.total, math.nan  # buffer-wide minimum not kept (weight_norm != "buffer")
+        return self.total, float(self.minner[self._root])
 
     def probabilities(self, idx: np.ndarray, n: int, batch_size: int | None = None) -> np.ndarray:
         return self.leaves[idx] / self.total
