@@ -176,11 +176,14 @@ def _train(args: argparse.Namespace) -> int:
     for name, option, value in (
         ("env_id", "--env", args.env),
         ("total_steps", "--steps", args.steps),
+        ("num_envs", "--num-envs", args.num_envs),
     ):
         if name in overrides and value is not None and overrides[name] != value:
             raise UsageError(
                 f"`--set {name}={overrides[name]}` and `{option} {value}` disagree; give one"
             )
+    if args.num_envs is not None:
+        overrides["num_envs"] = args.num_envs
     seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
     env = args.env or overrides.pop("env_id", None) or cls().env_id
     overrides.pop("env_id", None)
@@ -199,6 +202,10 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+#: `--returns` of plot and compare (agents.analysis.RETURNS)
+RETURNS_CHOICES = ("eval", "train")
+
+
 def _load_groups(cmd: str, dirs: Sequence[str], include_unfinished: bool) -> Any:
     from .agents.analysis import find_runs, group_runs
 
@@ -209,36 +216,68 @@ def _load_groups(cmd: str, dirs: Sequence[str], include_unfinished: bool) -> Any
         return None
 
 
-def _plot(args: argparse.Namespace) -> int:
-    from .agents.analysis import plot
-
+def _image_formats() -> set[str]:
     try:
         from matplotlib.figure import Figure
 
-        formats = Figure().canvas.get_supported_filetypes()
+        return set(Figure().canvas.get_supported_filetypes())
     except ImportError as exc:
         raise UsageError(f"plot needs matplotlib ({exc}): pip install matplotlib") from exc
-    suffix = Path(args.output).suffix.lstrip(".").lower()
-    if suffix not in formats:
+
+
+def _check_image(option: str, path: str, formats: set[str]) -> None:
+    if Path(path).suffix.lstrip(".").lower() not in formats:
         raise UsageError(
-            f"-o/--output must end in an image type matplotlib writes "
-            f"({', '.join(sorted(formats))}), got {args.output!r}; e.g. -o curve.png"
+            f"{option} must end in an image type matplotlib writes "
+            f"({', '.join(sorted(formats))}), got {path!r}; e.g. {option} curve.png"
         )
+
+
+def _plot(args: argparse.Namespace) -> int:
+    formats = _image_formats()
+    _check_image("-o/--output", args.output, formats)
+    profile = args.profile
+    if profile == "":  # --profile without a file: next to the curves
+        out = Path(args.output)
+        profile = str(out.with_name(f"{out.stem}-profile{out.suffix}"))
+    if profile is not None:
+        _check_image("--profile", profile, formats)
+    try:
+        from .agents.analysis import choose_returns, plot, plot_profile
+    except ImportError as exc:
+        return _agents_missing("plot", exc)
     groups = _load_groups("plot", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
-    out = plot(groups, args.output, args.window, args.title)
-    print(f"wrote {out}")
+    try:
+        used = choose_returns([r for g in groups for r in g.runs], args.returns)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        out = plot(groups, args.output, args.window, args.title, used.kind)
+        print(f"wrote {out}; {used.note}")
+        if profile is not None:
+            print(f"wrote {plot_profile(groups, profile, used.kind)} (performance profile)")
+    except ImportError as exc:
+        return _agents_missing("plot", exc)
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .agents.analysis import compare_table
-
+    try:
+        from .agents.analysis import compare_table
+    except ImportError as exc:
+        return _agents_missing("compare", exc)
     groups = _load_groups("compare", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
-    print(compare_table(groups, args.threshold, args.window))
+    try:
+        table = compare_table(groups, args.threshold, args.window, args.returns)
+    except ImportError as exc:
+        return _agents_missing("compare", exc)
+    except ValueError as exc:  # --returns eval without evaluations
+        raise UsageError(str(exc)) from exc
+    print(table)
     return 0
 
 
@@ -319,10 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a reference agent (Double DQN or SAC) with some replay schemes and seeds",
         description="Train Double DQN or SAC; each (replay, seed) run writes "
-        "OUT/<algo>-<env>-<replay>/seed-<k>/{config.json,episodes.csv,summary.json} "
-        "(and TensorBoard logs if tensorboard is installed). The options, the environment "
-        "(made once) and every --set value are checked before anything is written, and a "
-        "run that fails leaves no empty directories behind. Needs the `agents` extra.",
+        "OUT/<algo>-<env>-<replay>/seed-<k>/ (config.json, episodes.csv, evaluations.csv, "
+        "summary.json; TensorBoard logs too if tensorboard is installed). episodes.csv has "
+        "the training episodes; evaluations.csv (step,episode,return,length) has "
+        "eval_episodes greedy (DQN) or deterministic (SAC) episodes on a separate env every "
+        "eval_every steps and at the end (--set eval_every=0 turns it off). MinAtar ids "
+        "(e.g. --env MinAtar/Breakout-v1, DQN with a CNN) need the `minatar` extra. The "
+        "options, the environment (made once) and every --set value are checked before "
+        "anything is written, and a run that fails leaves no empty directories behind. "
+        "Needs the `agents` extra.",
     )
     train.add_argument(
         "algo", choices=["dqn", "sac"], help="dqn (discrete actions) or sac (continuous)"
@@ -341,7 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed-offset", type=_integer(0), default=0, help="first seed (default 0)")
     train.add_argument(
         "--steps", type=_integer(1), default=None,
-        help="environment steps per run (default: the config's total_steps)",
+        help="environment steps per run, all envs together (default: the config's total_steps)",
+    )  # fmt: skip
+    train.add_argument(
+        "--num-envs", type=_integer(1), default=None,
+        help="envs each run steps together (a Gymnasium sync vector env, one n-step stream "
+        "per env); --steps, learning_starts and train_freq count the steps of all of them "
+        "(default 1)",
     )  # fmt: skip
     train.add_argument("--out", default="runs", help="output directory (default ./runs)")
     train.add_argument(
@@ -364,14 +414,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.set_defaults(func=_train)
 
+    returns_help = (
+        "which returns: eval (greedy evaluations, evaluations.csv) or train (training "
+        "episodes, behaviour policy); default eval when every run has evaluations, else train"
+    )
     plot = sub.add_parser(
         "plot",
-        help="learning curves: mean and 95%% CI across seeds, one line per scheme",
-        description="Read the runs (config.json + episodes.csv) found under DIRS, smooth "
-        "each seed's episode returns over --window episodes and draw the mean and 95% "
-        "confidence band across seeds, one line per replay scheme; writes the image to "
-        "-o/--output (default curve.png; its folder is created). Exits 1 if no finished "
-        "run is found.",
+        help="learning curves across seeds, one colour per scheme; a performance profile too",
+        description="Read the runs found under DIRS and draw one learning curve per replay "
+        "scheme, n (seeds) in its legend: the mean across seeds, over each seed's own curve "
+        "when there are fewer than 5 seeds, or over a 95% bootstrap band from 5 on; the "
+        "y-axis follows the curves drawn. Curves are evaluation returns when every run has "
+        "evaluations.csv, else training returns smoothed over --window episodes (--returns "
+        "picks; the output says which). It writes the image to -o/--output (default "
+        "curve.png; its folder is created) and, with --profile, the performance profile of the final "
+        "returns (rliable when installed: pip install 'fastper[stats]'). Exits 1 if no "
+        "finished run is found.",
     )
     plot.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
     plot.add_argument(
@@ -379,8 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="image file; its suffix picks the format (default curve.png)",
     )  # fmt: skip
     plot.add_argument(
-        "--window", type=_integer(1), default=20, help="episodes averaged per point (default 20)"
-    )
+        "--window", type=_integer(1), default=20,
+        help="training episodes averaged per point (default 20)",
+    )  # fmt: skip
+    plot.add_argument("--returns", choices=RETURNS_CHOICES, default=None, help=returns_help)
+    plot.add_argument(
+        "--profile", nargs="?", const="", default=None, metavar="FILE",
+        help="also write the performance profile of final returns (fraction of runs above "
+        "each return, 95%% band) to FILE (default: OUTPUT's name + -profile)",
+    )  # fmt: skip
     plot.add_argument("--title", default=None)
     plot.add_argument(
         "--include-unfinished", action="store_true",
@@ -390,11 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser(
         "compare",
-        help="table of final return, area under the curve and steps to threshold, with CIs",
+        help="table per scheme: n, final return (mean, IQM), AUC, steps to threshold, with CIs",
         description="Read the runs found under DIRS and print to stdout a markdown table, "
-        "one row per replay scheme: final return, area under the learning curve and steps "
-        "until the moving average reaches --threshold, with 95% intervals across seeds. "
-        "Writes nothing; exits 1 if no finished run is found.",
+        "one row per replay scheme: n (seeds), final return as mean with a 95% t-interval "
+        "and as interquartile mean (IQM) with a 95% stratified bootstrap interval (rliable "
+        "when installed, pip install 'fastper[stats]', else the same with scipy), area under "
+        "the learning curve, and steps until the curve reaches --threshold; notes below say "
+        "which returns and which library were used, and flag intervals from fewer than 5 "
+        "seeds. Writes nothing; exits 1 if no finished run is found.",
     )
     comp.add_argument("dirs", nargs="+", help="directories holding runs (searched recursively)")
     comp.add_argument(
@@ -403,8 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     comp.add_argument(
         "--window", type=_integer(1), default=20,
-        help="episodes in the moving average for curves and the threshold (default 20)",
+        help="training episodes in the moving average for curves and the threshold (default 20)",
     )  # fmt: skip
+    comp.add_argument("--returns", choices=RETURNS_CHOICES, default=None, help=returns_help)
     comp.add_argument(
         "--include-unfinished", action="store_true",
         help="also use runs without summary.json (still running, killed, or logged before run summaries existed)",

@@ -1,6 +1,8 @@
-"""Pieces the reference agents share: replay construction, logging, progress.
+"""Pieces the reference agents share: environments, replay construction, logging,
+progress, evaluation.
 
-Nothing here imports torch; the agents do.
+Nothing here imports torch; the agents do. Gymnasium (and MinAtar) are imported
+inside the functions that make environments.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,105 @@ from ..buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuff
 from ..storage import FieldLike
 
 REPLAYS = ("uniform", "per", "rank")
+NETWORKS = ("auto", "mlp", "cnn")
 EPISODES_CSV = "episodes.csv"
+EVALUATIONS_CSV = "evaluations.csv"
 CONFIG_JSON = "config.json"
 SUMMARY_JSON = "summary.json"  # written when a run finishes: marks it complete
+MINATAR_HINT = "pip install 'fastper[minatar]'"
+
+
+def register_env(env_id: str) -> None:
+    """Make ``env_id`` known to Gymnasium when its package registers ids only on request.
+
+    MinAtar registers its ``MinAtar/<Game>-v0|v1`` ids only when
+    ``minatar.gym.register_envs()`` is called; this calls it once. Other ids
+    are left to Gymnasium.
+
+    Raises:
+        ImportError: a ``MinAtar/`` id without the minatar package (one line
+            with the install command).
+    """
+    if not env_id.startswith("MinAtar/"):
+        return
+    try:
+        import minatar.gym
+    except ImportError as exc:
+        raise ImportError(f"{env_id} needs the minatar package ({exc}): {MINATAR_HINT}") from exc
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        minatar.gym.register_envs()
+
+
+def make_env(env_id: str) -> Any:
+    """One environment, ``gymnasium.make(env_id)`` (MinAtar ids registered first)."""
+    import gymnasium as gym
+
+    register_env(env_id)
+    return gym.make(env_id)
+
+
+def make_vec_env(env_id: str, num_envs: int) -> Any:
+    """``num_envs`` copies of ``env_id`` stepped in this process, with autoreset off.
+
+    A Gymnasium ``SyncVectorEnv`` in ``AutoresetMode.DISABLED``: the
+    :class:`Collector` resets an env right after its episode ends
+    (``reset(options={"reset_mask": done})``), so no ``envs.step`` is spent
+    on Gymnasium's reset row and every row is a transition. With
+    ``num_envs=1`` this steps and resets one environment exactly as
+    ``gymnasium.make`` would.
+    """
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    register_env(env_id)
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.DISABLED},
+    )
+
+
+def resolve_network(network: str, obs_shape: tuple[int, ...], env_id: str) -> str:
+    """``"mlp"`` or ``"cnn"``: the Q-network ``network`` asks for, given the observations.
+
+    ``"auto"`` is a CNN for 3-D (height, width, channels) observations such as
+    MinAtar's, an MLP otherwise.
+
+    Raises:
+        ValueError: an unknown ``network``, or ``"cnn"`` for observations that
+            are not 3-D.
+    """
+    if network not in NETWORKS:
+        raise ValueError(f"`network` must be one of {list(NETWORKS)}, got network={network!r}")
+    shape = tuple(obs_shape)
+    if network == "auto":
+        return "cnn" if len(shape) == 3 else "mlp"
+    if network == "cnn" and len(shape) != 3:
+        raise ValueError(
+            f"`network`='cnn' needs 3-D (height, width, channels) observations, got shape "
+            f"{shape} for {env_id}; use network='mlp' or 'auto'"
+        )
+    return network
+
+
+def vector_steps(cfg: Any) -> int:
+    """Calls of ``envs.step`` in a run: ``total_steps // num_envs`` (a remainder is not run)."""
+    return int(cfg.total_steps) // int(cfg.num_envs)
+
+
+def phases_due(step: int, num_envs: int, learning_starts: int, train_freq: int) -> int:
+    """Training phases due after the vector step that brought the env-step count to ``step``.
+
+    A phase is due at every multiple of ``train_freq`` environment steps
+    above ``learning_starts``; one vector step (``num_envs`` env steps) can
+    pass several of them, or none. With one env: 1 if ``step >
+    learning_starts`` and ``step % train_freq == 0``, else 0.
+    """
+    lo = max(step - num_envs, learning_starts)
+    return max(0, step // train_freq - lo // train_freq)
 
 
 def check_replay(replay: Any) -> None:
@@ -44,15 +142,22 @@ def make_replay(
     gamma: float = 0.99,
     eps: float = 1e-6,
     seed: int | None = None,
+    n_envs: int | None = None,
+    autoreset: str | None = None,
 ) -> _Buffer:
     """A replay buffer of kind ``replay`` ("uniform", "per" or "rank").
 
     ``alpha`` / ``beta0`` default to the paper's choices for the kind
     (proportional 0.6 / 0.4, rank-based 0.7 / 0.5); beta rises linearly from
     ``beta0`` to 1 over ``anneal_samples`` calls to ``sample`` and stays at 1.
+    ``n_envs`` / ``autoreset``: every ``add`` is one step of each of ``n_envs``
+    envs, each with its own n-step window (see :mod:`fastper.nstep`).
     """
     check_replay(replay)
-    common: dict[str, Any] = {"n_step": n_step, "gamma": gamma, "seed": seed, "eps": eps}
+    common: dict[str, Any] = {
+        "n_step": n_step, "gamma": gamma, "seed": seed, "eps": eps,
+        "n_envs": n_envs, "autoreset": autoreset,
+    }  # fmt: skip
     if replay == "uniform":
         return ReplayBuffer(capacity, fields, **common)
     cls: type[_Buffer] = PrioritizedReplayBuffer if replay == "per" else RankBasedReplayBuffer
@@ -62,20 +167,25 @@ def make_replay(
     return cls(capacity, fields, alpha=a, beta=beta, **common)
 
 
-def agent_replay(cfg: Any, env: Any) -> _Buffer:
-    """The replay buffer an agent config asks for, with fields from ``env``'s spaces.
+def agent_replay(cfg: Any, envs: Any) -> _Buffer:
+    """The replay buffer an agent config asks for, fed by the vector env ``envs``.
 
-    Beta is annealed over every ``sample`` call of the run: one per gradient
-    step, ``gradient_steps`` per training phase, a phase every ``train_freq``
-    environment steps after ``learning_starts``.
+    Fields come from ``envs``' single observation and action spaces (an
+    observation keeps its dtype: MinAtar's bool grids take one byte a cell);
+    each of the ``cfg.num_envs`` envs is its own n-step stream. Beta is
+    annealed over every ``sample`` call of the run: one per gradient step,
+    ``gradient_steps`` per training phase, a phase at every multiple of
+    ``train_freq`` environment steps after ``learning_starts``.
     """
     from ..spaces import fields_from_spaces
+    from ..vector import autoreset_mode
 
-    phases = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_freq
+    used = vector_steps(cfg) * cfg.num_envs
+    phases = phases_due(used, used, cfg.learning_starts, cfg.train_freq)
     return make_replay(
         cfg.replay,
         cfg.buffer_size,
-        fields_from_spaces(env.observation_space, env.action_space),
+        fields_from_spaces(envs.single_observation_space, envs.single_action_space),
         alpha=cfg.alpha,
         beta0=cfg.beta0,
         anneal_samples=phases * cfg.gradient_steps,
@@ -83,6 +193,8 @@ def agent_replay(cfg: Any, env: Any) -> _Buffer:
         gamma=cfg.gamma,
         eps=cfg.priority_eps,
         seed=cfg.seed,
+        n_envs=cfg.num_envs,
+        autoreset=autoreset_mode(envs),  # None: make_vec_env turns Gymnasium's autoreset off
     )
 
 
@@ -91,11 +203,14 @@ class RunResult:
     """What one training run produced.
 
     Attributes:
-        steps: environment steps taken.
+        steps: environment steps taken (all envs together).
         episode_end_steps: the step count at the end of each episode.
         returns: each episode's undiscounted return.
-        wall_s: wall-clock seconds of the run.
+        wall_s: wall-clock seconds of the run (evaluations included).
         out_dir: where its files went, if anywhere.
+        eval_steps: the step count at each evaluation.
+        eval_returns: each evaluation's episode returns, ``eval_episodes`` of them.
+        eval_lengths: each evaluation's episode lengths.
     """
 
     steps: int
@@ -103,15 +218,23 @@ class RunResult:
     returns: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     out_dir: str | None = None
+    eval_steps: list[int] = field(default_factory=list)
+    eval_returns: list[list[float]] = field(default_factory=list)
+    eval_lengths: list[list[int]] = field(default_factory=list)
 
 
 class RunLogger:
-    """Writes ``config.json``, ``episodes.csv`` and, at the end, ``summary.json``.
+    """Writes ``config.json``, ``episodes.csv``, ``evaluations.csv`` and ``summary.json``.
 
-    ``episodes.csv`` has one row per finished episode: ``step`` (environment
-    steps so far), ``episode``, ``return``, ``length``, ``wall_s``. TensorBoard
-    scalars go to ``tb/`` when tensorboard is installed. ``summary.json``
-    (steps, episodes, wall time) marks the run as finished.
+    ``episodes.csv`` has one row per finished training episode: ``step``
+    (environment steps so far, all envs together), ``episode``, ``return``,
+    ``length``, ``wall_s``. ``evaluations.csv`` (only when the config's
+    ``eval_every`` > 0) has one row per evaluation episode: ``step`` (training
+    environment steps when the evaluation ran), ``episode`` (1 ..
+    ``eval_episodes`` within that evaluation), ``return``, ``length``.
+    TensorBoard scalars go to ``tb/`` when tensorboard is installed.
+    ``summary.json`` (steps, episodes, evaluations, the last evaluation's mean
+    return, wall time) marks the run as finished.
     """
 
     def __init__(self, out_dir: str | Path | None, config: Any, meta: Mapping[str, Any]) -> None:
@@ -119,6 +242,8 @@ class RunLogger:
         self._t0 = time.perf_counter()
         self._file = None
         self._writer: Any = None
+        self._eval_file = None
+        self._eval_writer: Any = None
         self._tb: Any = None
         self.result = RunResult(0, out_dir=None if out_dir is None else str(out_dir))
         if self.out_dir is None:
@@ -129,6 +254,10 @@ class RunLogger:
         self._file = open(self.out_dir / EPISODES_CSV, "w", newline="")  # noqa: SIM115
         self._writer = csv.writer(self._file)
         self._writer.writerow(["step", "episode", "return", "length", "wall_s"])
+        if getattr(config, "eval_every", 0) > 0:
+            self._eval_file = open(self.out_dir / EVALUATIONS_CSV, "w", newline="")  # noqa: SIM115
+            self._eval_writer = csv.writer(self._eval_file)
+            self._eval_writer.writerow(["step", "episode", "return", "length"])
         try:  # optional: TensorBoard logging when it is installed
             from torch.utils.tensorboard import SummaryWriter
 
@@ -147,6 +276,19 @@ class RunLogger:
         if self._tb is not None:
             self._tb.add_scalar("episode/return", ret, step)
 
+    def evaluation(self, step: int, returns: list[float], lengths: list[int]) -> None:
+        """Record one evaluation: its episodes' returns and lengths, at training step ``step``."""
+        res = self.result
+        res.eval_steps.append(int(step))
+        res.eval_returns.append([float(r) for r in returns])
+        res.eval_lengths.append([int(n) for n in lengths])
+        if self._eval_writer is not None and self._eval_file is not None:
+            for k, (ret, length) in enumerate(zip(returns, lengths, strict=True), 1):
+                self._eval_writer.writerow([step, k, f"{ret:.6g}", length])
+            self._eval_file.flush()
+        if self._tb is not None and returns:
+            self._tb.add_scalar("eval/return", float(np.mean(returns)), step)
+
     def scalar(self, name: str, value: float, step: int) -> None:
         if self._tb is not None:
             self._tb.add_scalar(name, value, step)
@@ -154,15 +296,20 @@ class RunLogger:
     def close(self, steps: int) -> RunResult:
         self.result.steps = int(steps)
         self.result.wall_s = time.perf_counter() - self._t0
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        for f in (self._file, self._eval_file):
+            if f is not None:
+                f.close()
+        self._file = self._eval_file = None
         if self.out_dir is not None:
-            summary = {
-                "steps": self.result.steps,
-                "episodes": len(self.result.returns),
-                "wall_s": round(self.result.wall_s, 3),
+            res = self.result
+            summary: dict[str, Any] = {
+                "steps": res.steps,
+                "episodes": len(res.returns),
+                "evaluations": len(res.eval_steps),
+                "wall_s": round(res.wall_s, 3),
             }
+            if res.eval_returns:
+                summary["eval_return"] = round(float(np.mean(res.eval_returns[-1])), 6)
             (self.out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2))
         if self._tb is not None:
             self._tb.close()
@@ -171,36 +318,135 @@ class RunLogger:
 
 
 class Progress:
-    """A one-line progress bar on stderr: steps, rate, recent return."""
+    """Progress of one run on stderr, drawn with tqdm: steps, rate, time left, recent return.
+
+    On a terminal it is a tqdm bar on line :attr:`position` below the cursor;
+    a worker process of a pool takes its own line with :meth:`use_slot`, so
+    parallel runs each keep a bar. Anywhere else (a log file, a pipe, CI) it
+    writes plain lines in tqdm's format instead of redrawing one: one when the
+    run starts, then whenever another :attr:`line_every_frac` of the steps is
+    done or :attr:`line_every_s` seconds have passed since the last line
+    (whichever comes first), and one at the end. tqdm is imported only when
+    ``enabled``. Cost: :meth:`update` is O(1) (a clock read) except on redraws,
+    at most every :attr:`redraw_s` seconds.
+
+    Args:
+        total: steps in the run (the bar's 100%).
+        desc: what runs, e.g. ``"dqn per seed 0"``; starts every line.
+        enabled: False draws nothing.
+    """
+
+    #: the terminal line of this process's bars (0: the cursor's line); see use_slot
+    position: int = 0
+    #: keep a finished bar on screen (one process) or clear it for the next run (pools)
+    leave: bool = True
+    #: redraw no more often than this (seconds)
+    redraw_s: float = 0.5
+    #: off a terminal: a line each time another this fraction of the steps is done ...
+    line_every_frac: float = 0.1
+    #: ... or this many seconds after the last line, whichever comes first
+    line_every_s: float = 15.0
+
+    _LINE = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 
     def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
         self.total = max(1, int(total))
         self.desc = desc
         self.enabled = enabled
         self._t0 = time.perf_counter()
-        self._last = 0.0
+        self._last = -math.inf  # last redraw
+        self._last_line = self._t0  # last plain line
+        self._next_frac = self.line_every_frac
+        self._line_step = -1  # step of the last plain line
+        self._bar: Any = None
+        if not enabled:
+            return
+        from tqdm import tqdm  # extra `agents`; a worker's lock is set by use_slot
+
+        if self.draws_bars():
+            self._bar = tqdm(
+                total=self.total, desc=desc, unit="step", file=sys.stderr,
+                position=self.position, leave=self.leave, dynamic_ncols=True,
+                mininterval=self.redraw_s, smoothing=0.1,
+            )  # fmt: skip
+        else:
+            self._line(0, [])
+
+    @staticmethod
+    def draws_bars() -> bool:
+        """Whether progress is drawn as bars: stderr is a terminal with a width.
+
+        A pseudo-terminal that reports 0 columns gets plain lines (tqdm would
+        draw nothing there).
+        """
+        if not sys.stderr.isatty():
+            return False
+        import os
+
+        try:
+            return os.get_terminal_size(sys.stderr.fileno()).columns > 0
+        except (OSError, ValueError):  # a terminal without a size: let tqdm guess
+            return True
+
+    @classmethod
+    def use_slot(cls, slot: int, lock: Any | None = None) -> None:
+        """Draw this process's bars on terminal line ``slot``, cleared when a run ends.
+
+        Called once in each worker process of a pool (``slot`` = 0 .. workers - 1),
+        with a multiprocessing lock shared by the pool so bars are not drawn over
+        each other (``tqdm.set_lock``).
+        """
+        cls.position = int(slot)
+        cls.leave = False
+        if lock is not None:
+            from tqdm import tqdm
+
+            tqdm.set_lock(lock)
 
     def update(self, step: int, returns: list[float], force: bool = False) -> None:
-        """Redraw (at most twice a second unless ``force``) with the mean of the last 10 returns."""
+        """Show ``step`` with the mean of the last 10 ``returns``.
+
+        Redraws at most every :attr:`redraw_s` seconds unless ``force``;
+        ``force`` is the run's last call: it draws the final state and ends the
+        bar (later calls draw nothing).
+        """
         if not self.enabled:
             return
         now = time.perf_counter()
-        if not force and now - self._last < 0.5:
+        if not force and now - self._last < self.redraw_s:
             return
         self._last = now
-        frac = min(1.0, step / self.total)
-        width = 24
-        filled = int(frac * width)
-        rate = step / max(now - self._t0, 1e-9)
-        left = (self.total - step) / rate if rate > 0 else math.inf
-        ret = f" return(10) {float(np.mean(returns[-10:])):8.1f}" if returns else ""
-        bar = "#" * filled + "." * (width - filled)
-        sys.stderr.write(
-            f"\r{self.desc} [{bar}] {step}/{self.total} {rate:6.0f} steps/s eta {left:5.0f}s{ret}"
-        )
+        step = min(int(step), self.total)
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._recent(returns), refresh=False)
+            self._bar.update(step - self._bar.n)
+            if force:
+                self._bar.close()
+        else:
+            frac = step / self.total
+            due = frac >= self._next_frac or now - self._last_line >= self.line_every_s
+            if (force and step != self._line_step) or due:
+                self._line(step, returns)
+                self._last_line = now
+                done = math.floor(frac / self.line_every_frac + 1e-9)
+                self._next_frac = (done + 1) * self.line_every_frac
         if force:
-            sys.stderr.write("\n")
+            self.enabled = False
+
+    @staticmethod
+    def _recent(returns: list[float]) -> str:
+        return f"return(10) {float(np.mean(returns[-10:])):.1f}" if returns else ""
+
+    def _line(self, step: int, returns: list[float]) -> None:
+        from tqdm import tqdm
+
+        text = tqdm.format_meter(
+            step, self.total, time.perf_counter() - self._t0, prefix=self.desc, unit="step",
+            postfix=self._recent(returns) or None, bar_format=self._LINE,
+        )  # fmt: skip
+        sys.stderr.write(text + "\n")
         sys.stderr.flush()
+        self._line_step = step
 
 
 def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...] = ()) -> None:
@@ -227,6 +473,26 @@ def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...]
             "`learning_starts` and `seed` must be >= 0 and `n_step` >= 1, got "
             f"learning_starts={cfg.learning_starts}, seed={cfg.seed}, n_step={cfg.n_step}"
         )
+    for name, low in (("num_envs", 1), ("eval_every", 0), ("eval_max_steps", 1)):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
+    if cfg.total_steps < cfg.num_envs:
+        raise ValueError(
+            "`total_steps` must be >= num_envs (it counts the steps of all envs together), "
+            f"got total_steps={cfg.total_steps}, num_envs={cfg.num_envs}"
+        )
+    episodes = cfg.eval_episodes
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+        raise ValueError(f"`eval_episodes` must be an integer >= 0, got eval_episodes={episodes!r}")
+    if cfg.eval_every > 0 and episodes < 1:
+        raise ValueError(
+            "`eval_episodes` must be >= 1 when eval_every > 0 (set eval_every=0 to turn "
+            f"evaluation off), got eval_episodes={episodes}, eval_every={cfg.eval_every}"
+        )
+    network = getattr(cfg, "network", "auto")
+    if network not in NETWORKS:
+        raise ValueError(f"`network` must be one of {list(NETWORKS)}, got network={network!r}")
 
 
 def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:
@@ -236,64 +502,148 @@ def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:
     return start + (end - start) * step / duration
 
 
+def eval_seed(run_seed: int, evaluation: int, episode: int) -> int:
+    """The reset seed of episode ``episode`` (0-based) of evaluation ``evaluation`` (0-based).
+
+    Derived from the run's seed alone (a numpy ``SeedSequence`` of the three
+    numbers), so evaluations repeat exactly; the seeds lie in [2^31, 2^32),
+    apart from the training envs' seeds ``seed + i`` (for seeds below 2^31 -
+    num_envs).
+    """
+    state = np.random.SeedSequence([0xE7A1, run_seed, evaluation, episode]).generate_state(1)
+    return 2**31 + int(state[0]) % 2**31
+
+
+def run_episodes(
+    env: Any, policy: Callable[[np.ndarray], np.ndarray], seeds: list[int], max_steps: int
+) -> tuple[list[float], list[int]]:
+    """Play one episode per seed in ``env``; returns (returns, lengths). O(total length).
+
+    ``policy`` maps a batch of observations (here one row) to one action per
+    row. An episode ends when the environment ends it (its own time limit
+    included) or after ``max_steps`` steps, whichever comes first.
+    """
+    returns, lengths = [], []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        ret, length, done = 0.0, 0, False
+        while not done and length < max_steps:
+            action = policy(np.asarray(obs)[None])[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            ret += float(reward)
+            length += 1
+            done = bool(terminated or truncated)
+        returns.append(ret)
+        lengths.append(length)
+    return returns, lengths
+
+
 class Collector:
-    """Steps one environment, stores every transition, logs episodes and progress.
+    """Steps ``num_envs`` environments together, stores transitions, logs, evaluates.
 
     Args:
         algo: agent name for the run's metadata and progress line.
-        cfg: the agent's config (``env_id``, ``replay``, ``seed``, ``total_steps``).
-        env: the environment; reset here with ``cfg.seed``.
-        buffer: where each transition goes.
+        cfg: the agent's config (``env_id``, ``replay``, ``seed``,
+            ``total_steps``, ``num_envs``, ``eval_every``, ``eval_episodes``,
+            ``eval_max_steps``).
+        envs: a vector env from :func:`make_vec_env` (autoreset off); env
+            ``i`` is reset here with seed ``cfg.seed + i``.
+        buffer: where the transitions go, one stream per env (``n_envs``).
         out_dir, progress: see :class:`RunLogger` and :class:`Progress`.
 
-    ``obs`` is the observation to act on; ``step(t, action)`` takes the
-    action, writes ``obs, action, reward, next_obs, terminated, truncated``
-    and resets the environment at an episode's end (a truncated episode
-    bootstraps, a terminated one does not: the buffer keeps both flags).
+    ``obs`` is the batch of observations to act on (row ``i``: env ``i``);
+    ``step(t, actions)`` takes one action per env and adds the rows ``obs,
+    action, reward, next_obs, terminated, truncated`` (row ``i`` = env ``i``:
+    the buffer keeps an n-step window per env). An env whose episode ended
+    is reset at once, so every row is a transition (a truncated episode
+    bootstraps, a terminated one does not: the buffer keeps both flags), and
+    its return is logged with ``t``, the environment steps of all envs so far.
+
+    Evaluation (``cfg.eval_every`` > 0): :meth:`maybe_evaluate` plays
+    ``eval_episodes`` episodes with the given policy in a separate
+    environment, reset with :func:`eval_seed` seeds, after every
+    ``eval_every`` environment steps and at the end of the run. It uses
+    neither the training envs nor any generator of training, so a run
+    trains the same with or without it.
     """
 
     def __init__(
         self,
         algo: str,
         cfg: Any,
-        env: Any,
+        envs: Any,
         buffer: _Buffer,
         out_dir: str | Path | None,
         progress: bool,
     ) -> None:
-        self.cfg, self.env, self.buffer = cfg, env, buffer
+        self.cfg, self.envs, self.buffer = cfg, envs, buffer
+        self.num_envs = int(cfg.num_envs)
         meta = {"algo": algo, "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
         self.log = RunLogger(out_dir, cfg, meta)
-        self._bar = Progress(cfg.total_steps, f"{algo} {cfg.replay} seed {cfg.seed}", progress)
-        self.obs, _ = env.reset(seed=cfg.seed)
-        env.action_space.seed(cfg.seed)
-        self._return, self._length = 0.0, 0
+        self.total = vector_steps(cfg) * self.num_envs
+        self._bar = Progress(self.total, f"{algo} {cfg.replay} seed {cfg.seed}", progress)
+        self.obs, _ = envs.reset(seed=cfg.seed)  # env i: seed + i
+        envs.single_action_space.seed(cfg.seed)
+        self.steps = 0
+        self._returns = np.zeros(self.num_envs)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self.eval_env = make_env(cfg.env_id) if cfg.eval_every > 0 else None
+        self._last_eval = -1
 
-    def step(self, t: int, action: Any) -> None:
-        """Environment step ``t`` (1-based) with ``action``."""
-        next_obs, reward, terminated, truncated, _ = self.env.step(action)
+    def random_actions(self) -> np.ndarray:
+        """One uniformly random action per env, from the action space seeded with ``cfg.seed``."""
+        space = self.envs.single_action_space
+        return np.stack([np.asarray(space.sample()) for _ in range(self.num_envs)])
+
+    def step(self, t: int, actions: Any) -> None:
+        """One step of every env with ``actions``; ``t`` counts env steps after it (all envs)."""
+        next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
         self.buffer.add(
             {
                 "obs": self.obs,
-                "action": action,
-                "reward": reward,
+                "action": actions,
+                "reward": rewards,
                 "next_obs": next_obs,
                 "terminated": terminated,
                 "truncated": truncated,
             }
         )
-        self._return += float(reward)
-        self._length += 1
+        self.steps = t
+        self._returns += rewards
+        self._lengths += 1
         self.obs = next_obs
-        if terminated or truncated:
-            self.log.episode(t, self._return, self._length)
-            self.obs, _ = self.env.reset()
-            self._return, self._length = 0.0, 0
+        done = np.logical_or(terminated, truncated)
+        if done.any():
+            for i in np.flatnonzero(done):
+                self.log.episode(t, float(self._returns[i]), int(self._lengths[i]))
+            self._returns[done] = 0.0
+            self._lengths[done] = 0
+            self.obs, _ = self.envs.reset(options={"reset_mask": done})
         self._bar.update(t, self.log.result.returns)
 
+    def maybe_evaluate(
+        self, t: int, policy: Callable[[np.ndarray], np.ndarray], final: bool = False
+    ) -> None:
+        """Evaluate ``policy`` if step ``t`` passed a multiple of ``eval_every`` or ``final``.
+
+        One evaluation per step count at most; ``final`` forces one at the
+        run's last step unless one just ran there.
+        """
+        every = self.cfg.eval_every
+        if self.eval_env is None or t == self._last_eval:
+            return
+        if not final and t // every == (t - self.num_envs) // every:
+            return
+        k = len(self.log.result.eval_steps)
+        seeds = [eval_seed(self.cfg.seed, k, j) for j in range(self.cfg.eval_episodes)]
+        returns, lengths = run_episodes(self.eval_env, policy, seeds, self.cfg.eval_max_steps)
+        self.log.evaluation(t, returns, lengths)
+        self._last_eval = t
+
     def close(self) -> RunResult:
-        """Finish the progress line, close the environment and the logs."""
-        total = self.cfg.total_steps
-        self._bar.update(total, self.log.result.returns, force=True)
-        self.env.close()
-        return self.log.close(total)
+        """Finish the progress line, close the environments and the logs."""
+        self._bar.update(self.steps, self.log.result.returns, force=True)
+        self.envs.close()
+        if self.eval_env is not None:
+            self.eval_env.close()
+        return self.log.close(self.steps)

@@ -1,24 +1,48 @@
 """Learning curves across seeds: loading runs, metrics with confidence intervals, plots.
 
 A run is a directory holding ``config.json`` and ``episodes.csv`` (written by
-``fastper train``). Runs are grouped by ``(algo, env_id, replay)`` plus any
-other setting that differs between runs of the same scheme, so runs with
-different hyperparameters never end up averaged together silently.
+``fastper train``), and ``evaluations.csv`` when the agent evaluated its
+greedy policy during training. Runs are grouped by ``(algo, env_id,
+replay)`` plus any other setting that differs between runs of the same
+scheme, so runs with different hyperparameters never end up averaged
+together silently.
 
-Curves: each seed's return at step t is the mean of its last ``window``
-finished episodes (a step function of t); the plot shows the mean across
-seeds and a 95% confidence interval (Student t). Metrics per seed:
+Which returns. Evaluation returns (``evaluations.csv``: one row per greedy
+evaluation episode, columns ``step,episode,return,length``; each evaluation
+counts as the mean of its episodes) are used when every run has them, the
+training episodes (the behaviour policy, exploring) otherwise; ``returns=``
+picks one, and every output says which was used.
 
-* final return: mean return of the episodes in the last 10% of the steps;
-* area under the curve: the mean of the smoothed curve over the step grid
-  (the average smoothed return during training; higher is better);
-* steps to threshold: the first step at which the mean of the last
-  ``window`` episodes reaches the threshold (censored if never).
+Curves: a seed's curve at step t is the mean of its last ``window`` training
+episodes finished by t, or its latest evaluation by t (evaluations are not
+smoothed further: each already averages several episodes). Metrics per seed:
 
-Numbers across seeds are reported as mean and 95% t-interval; steps to
-threshold as the median with a bootstrap interval (censored runs count as
-never reaching, i.e. +inf) and the count of seeds that reached it.
-Only numpy is needed, except for plotting (matplotlib).
+* final return: the mean of the evaluations (or training episodes) in the
+  last 10% of the steps (the last evaluation if none falls there);
+* area under the curve: the mean of the curve over the step grid (the
+  average return during training; higher is better);
+* steps to threshold: the first step at which the curve reaches the
+  threshold (for training episodes only full windows count; +inf if never).
+
+Across seeds (``n`` of them): the final return as a mean with a 95% Student-t
+interval (``scipy.stats.t``) and as an interquartile mean (IQM: the mean of
+the middle 50% of the runs, ``scipy.stats.trim_mean(x, 0.25)``) with a 95%
+percentile bootstrap interval over runs, stratified per task (each task's
+runs resampled on their own); AUC as a mean with a t-interval; steps to
+threshold as the median with a bootstrap interval (never reaching = +inf).
+The IQM interval and performance profiles come from rliable (extra
+``stats``) when it imports, and are computed with scipy from the same
+definitions otherwise; the output names the one used. Bootstraps use a fixed
+seed, so the same runs give the same table.
+
+Few seeds: a t-interval from n = 2 spans 12.7 standard errors either side
+and may leave the range of returns seen; it is shown as computed and flagged
+``(n=2: wide)``. A bootstrap interval from few seeds is too narrow instead
+(it never leaves the seeds' range). Plots of fewer than 5 seeds draw each
+seed's curve under the mean instead of a band; from 5 seeds on, the mean
+with a 95% bootstrap band. The y-axis always follows the curves drawn.
+
+Needs numpy and scipy; plots need matplotlib; rliable is optional.
 """
 
 from __future__ import annotations
@@ -27,7 +51,8 @@ import csv
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,35 +60,50 @@ from typing import Any
 import numpy as np
 
 from ._common import CONFIG_JSON, EPISODES_CSV, REPLAYS, SUMMARY_JSON
+from .stats import (
+    BOOTSTRAP_REPS,
+    Backend,
+    Estimate,
+    iqm_ci,
+    median_ci,
+    performance_profile,
+    stats_backend,
+    t_interval,
+)
 
-# two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: int) -> float:
-    """Student t quantile for a two-sided 95% interval (normal beyond 30 df)."""
-    if df < 1:
-        return math.nan
-    return _T975[df - 1] if df <= len(_T975) else 1.96
+EVALUATIONS_CSV = "evaluations.csv"
+#: ``returns=`` choices: greedy evaluations or training (behaviour-policy) episodes
+RETURNS = ("eval", "train")
+#: below this many seeds: t-intervals flagged as wide, plots show each seed
+FEW_SEEDS = 5
 
 
 @dataclass
 class Run:
-    """One training run: its settings and episode log."""
+    """One training run: its settings, training episodes and evaluations."""
 
     path: Path
     config: dict[str, Any]
     meta: dict[str, Any]
-    steps: np.ndarray  # step at which each episode ended
-    returns: np.ndarray  # return of each episode
+    steps: np.ndarray  # step at which each training episode ended
+    returns: np.ndarray  # return of each training episode
+    eval_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    eval_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))  # mean per evaluation
+    eval_episodes: int = 0  # episodes per evaluation (the most seen)
 
     @property
     def total_steps(self) -> int:
         return int(self.config.get("total_steps", self.steps[-1] if self.steps.size else 0))
+
+    @property
+    def has_evaluations(self) -> bool:
+        return self.eval_steps.size > 0
+
+    def points(self, returns: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, returns) of the training episodes or of the evaluations."""
+        if returns == "eval":
+            return self.eval_steps, self.eval_returns
+        return self.steps, self.returns
 
 
 @dataclass
@@ -74,8 +114,33 @@ class Group:
     runs: list[Run] = field(default_factory=list)
 
 
+def _read_csv(path: Path, needed: Sequence[str]) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in needed if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                f"{path} must have the columns {','.join(needed)}, got {reader.fieldnames}"
+            )
+        return list(reader)
+
+
+def _read_evaluations(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each evaluation's step and mean return, and the most episodes one had."""
+    by_step: dict[int, list[float]] = {}
+    for row in _read_csv(path, ("step", "episode", "return", "length")):
+        by_step.setdefault(int(row["step"]), []).append(float(row["return"]))
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    means = np.array([np.mean(by_step[int(s)]) for s in steps], dtype=np.float64)
+    return steps, means, max((len(v) for v in by_step.values()), default=0)
+
+
 def load_run(path: str | Path) -> Run:
-    """Read one run directory. Raises ValueError if it is not one."""
+    """Read one run directory (``evaluations.csv`` too, if there is one).
+
+    Raises:
+        ValueError: not a run directory, or a CSV without its columns.
+    """
     p = Path(path)
     cfg_file, ep_file = p / CONFIG_JSON, p / EPISODES_CSV
     if not cfg_file.is_file() or not ep_file.is_file():
@@ -83,18 +148,17 @@ def load_run(path: str | Path) -> Run:
             f"`path` must be a run directory with {CONFIG_JSON} and {EPISODES_CSV}, got {p}"
         )
     record = json.loads(cfg_file.read_text())
-    steps, returns = [], []
-    with open(ep_file, newline="") as fh:
-        for row in csv.DictReader(fh):
-            steps.append(int(row["step"]))
-            returns.append(float(row["return"]))
-    return Run(
+    rows = _read_csv(ep_file, ("step", "return"))
+    run = Run(
         path=p,
         config=dict(record.get("config", {})),
         meta={k: v for k, v in record.items() if k != "config"},
-        steps=np.asarray(steps, dtype=np.int64),
-        returns=np.asarray(returns, dtype=np.float64),
+        steps=np.array([int(r["step"]) for r in rows], dtype=np.int64),
+        returns=np.array([float(r["return"]) for r in rows], dtype=np.float64),
     )
+    if (p / EVALUATIONS_CSV).is_file():
+        run.eval_steps, run.eval_returns, run.eval_episodes = _read_evaluations(p / EVALUATIONS_CSV)
+    return run
 
 
 def find_runs(dirs: Iterable[str | Path], include_unfinished: bool = False) -> list[Run]:
@@ -153,105 +217,195 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     )
 
 
-def smoothed_curve(run: Run, grid: np.ndarray, window: int) -> np.ndarray:
-    """Mean of the last ``window`` episodes finished by each grid step (NaN before the first)."""
-    if run.returns.size == 0:
-        return np.full(grid.shape, np.nan)
-    c = np.concatenate([[0.0], np.cumsum(run.returns)])
-    k = np.arange(1, run.returns.size + 1)
+# ---------------------------------------------------------------------------
+# which returns
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReturnsUsed:
+    """The returns an analysis used: ``kind`` is "eval" or "train"; ``note`` says so."""
+
+    kind: str
+    note: str
+    label: str  # y-axis label
+
+
+def choose_returns(runs: Sequence[Run], returns: str | None = None) -> ReturnsUsed:
+    """Evaluation returns if asked for or (``returns=None``) if every run has them, else training.
+
+    Raises:
+        ValueError: ``returns`` not in :data:`RETURNS`, or "eval" while some
+            run has no evaluations.
+    """
+    if returns is not None and returns not in RETURNS:
+        raise ValueError(f"`returns` must be one of {list(RETURNS)}, got returns={returns!r}")
+    lacking = [r for r in runs if not r.has_evaluations]
+    if returns == "eval" and lacking:
+        raise ValueError(
+            f"--returns eval needs {EVALUATIONS_CSV} with at least one row in every run; "
+            f"{len(lacking)} of {len(runs)} runs have none, e.g. {lacking[0].path}"
+        )
+    if returns == "eval" or (returns is None and not lacking):
+        k = max(r.eval_episodes for r in runs)
+        return ReturnsUsed(
+            "eval",
+            f"returns: greedy evaluations from {EVALUATIONS_CSV}, each the mean of its "
+            f"episodes ({k} at most)",
+            f"evaluation return (greedy, mean of {k} episodes)",
+        )
+    why = (
+        ""
+        if returns == "train"
+        else f"; {len(lacking)} of {len(runs)} runs have no {EVALUATIONS_CSV}"
+        if len(lacking) < len(runs)
+        else f"; no {EVALUATIONS_CSV} in these runs"
+    )
+    return ReturnsUsed(
+        "train",
+        f"returns: training episodes (behaviour policy, exploring){why}",
+        "training episode return",
+    )
+
+
+# ---------------------------------------------------------------------------
+# per-run metrics
+# ---------------------------------------------------------------------------
+
+
+def _moving(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last ``window`` values at each index (fewer at the start)."""
+    c = np.concatenate([[0.0], np.cumsum(values)])
+    k = np.arange(1, values.size + 1)
     lo = np.maximum(k - window, 0)
-    ma = (c[k] - c[lo]) / (k - lo)
-    pos = np.searchsorted(run.steps, grid, side="right")  # episodes finished by each step
+    return (c[k] - c[lo]) / (k - lo)
+
+
+def smoothed_curve(run: Run, grid: np.ndarray, window: int, returns: str = "train") -> np.ndarray:
+    """The run's curve at each grid step (NaN before its first episode or evaluation).
+
+    Training: the mean of the last ``window`` episodes finished by the step.
+    Evaluations: the latest evaluation by the step (``window`` is not used).
+    """
+    steps, values = run.points(returns)
+    if values.size == 0:
+        return np.full(grid.shape, np.nan)
+    ma = _moving(values, window if returns == "train" else 1)
+    pos = np.searchsorted(steps, grid, side="right")  # points up to each step
     out = np.full(grid.shape, np.nan)
     ok = pos > 0
     out[ok] = ma[pos[ok] - 1]
     return out
 
 
-def steps_to_threshold(run: Run, threshold: float, window: int) -> float:
-    """First step where the mean of the last ``window`` episodes >= threshold (inf if never).
+def steps_to_threshold(run: Run, threshold: float, window: int, returns: str = "train") -> float:
+    """First step where the curve >= threshold (inf if never).
 
-    Only full windows count: the first ``window - 1`` episodes cannot qualify.
+    Training episodes: only full windows count (the first ``window - 1``
+    episodes cannot qualify). Evaluations: the first evaluation that does.
     """
-    if run.returns.size < window:
+    steps, values = run.points(returns)
+    w = window if returns == "train" else 1
+    if values.size < w:
         return math.inf
-    c = np.concatenate([[0.0], np.cumsum(run.returns)])
-    ma = (c[window:] - c[:-window]) / window
+    c = np.concatenate([[0.0], np.cumsum(values)])
+    ma = (c[w:] - c[:-w]) / w
     hit = np.nonzero(ma >= threshold)[0]
-    return float(run.steps[hit[0] + window - 1]) if hit.size else math.inf
+    return float(steps[hit[0] + w - 1]) if hit.size else math.inf
 
 
-def mean_ci(x: np.ndarray) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of finite values (NaN interval for fewer than 2)."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return math.nan, math.nan, math.nan
-    m = float(x.mean())
-    if x.size < 2:
-        return m, math.nan, math.nan
-    half = t975(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return m, m - half, m + half
-
-
-def median_ci(x: np.ndarray, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """Median and 95% percentile-bootstrap interval; +inf entries allowed (censored)."""
-    x = np.asarray(x, dtype=np.float64)
-    if x.size == 0:
-        return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    boots = np.median(rng.choice(x, size=(n_boot, x.size), replace=True), axis=1)
-    # no interpolation between order statistics: they may be +inf
-    lo = float(np.percentile(boots, 2.5, method="lower"))
-    hi = float(np.percentile(boots, 97.5, method="higher"))
-    return float(np.median(x)), lo, hi
-
-
-@dataclass
-class Summary:
-    label: str
-    n: int
-    final: tuple[float, float, float]
-    auc: tuple[float, float, float]
-    reached: int
-    to_threshold: tuple[float, float, float]
+def final_return(run: Run, returns: str = "train") -> float:
+    """Mean return in the last 10% of the run's steps (evaluations: the last one if none there)."""
+    steps, values = run.points(returns)
+    tail = steps > 0.9 * run.total_steps
+    if tail.any():
+        return float(values[tail].mean())
+    if returns == "eval" and values.size:
+        return float(values[-1])
+    return math.nan
 
 
 def grid_for(runs: Sequence[Run], points: int = 200) -> np.ndarray:
+    """``points`` evenly spaced steps up to the shortest run's length."""
     total = min(r.total_steps for r in runs)
     return np.linspace(total / points, total, points).round().astype(np.int64)
 
 
+# ---------------------------------------------------------------------------
+# the comparison table
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One scheme's metrics across its ``n`` seeds (see the module docstring)."""
+
+    label: str
+    n: int
+    finals: tuple[float, ...]  # each seed's final return
+    final: Estimate  # mean, t-interval
+    final_iqm: Estimate  # IQM, stratified bootstrap interval
+    auc: Estimate  # mean, t-interval
+    reached: int
+    to_threshold: Estimate  # median, bootstrap interval
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Per-scheme summaries and what they were computed from."""
+
+    rows: list[Summary]
+    threshold: float | None
+    window: int
+    returns: ReturnsUsed
+    backend: Backend
+
+
 def summarise(
-    groups: Sequence[Group], threshold: float | None, window: int
-) -> tuple[list[Summary], float | None]:
-    """Per-group metrics (see the module docstring) and the threshold used."""
+    groups: Sequence[Group],
+    threshold: float | None,
+    window: int,
+    returns: str | None = None,
+    backend: str = "auto",
+    reps: int = BOOTSTRAP_REPS,
+) -> Comparison:
+    """Per-group metrics (see the module docstring).
+
+    ``threshold=None`` takes the environment's registered reward threshold,
+    if any; ``returns`` and ``backend``: see :func:`choose_returns` and
+    :func:`stats_backend`.
+    """
     all_runs = [r for g in groups for r in g.runs]
+    used = choose_returns(all_runs, returns)
+    kind = used.kind
+    stats_by = stats_backend(backend)
     grid = grid_for(all_runs)
     if threshold is None:
         threshold = default_threshold(all_runs[0].meta.get("env_id", ""))
     out = []
     for g in groups:
-        finals, aucs, tts = [], [], []
-        for r in g.runs:
-            tail = r.steps > 0.9 * r.total_steps
-            finals.append(float(r.returns[tail].mean()) if tail.any() else math.nan)
-            curve = smoothed_curve(r, grid, window)
-            aucs.append(float(np.nanmean(curve)) if np.isfinite(curve).any() else math.nan)
-            if threshold is not None:
-                tts.append(steps_to_threshold(r, threshold, window))
-        tt_arr = np.asarray(tts)
+        finals = np.array([final_return(r, kind) for r in g.runs])
+        curves = [smoothed_curve(r, grid, window, kind) for r in g.runs]
+        aucs = [float(np.nanmean(c)) if np.isfinite(c).any() else math.nan for c in curves]
+        tts = np.array(
+            [steps_to_threshold(r, threshold, window, kind) for r in g.runs]
+            if threshold is not None
+            else []
+        )
+        ok = finals[np.isfinite(finals)]
         out.append(
             Summary(
                 label=g.label,
                 n=len(g.runs),
-                final=mean_ci(np.asarray(finals)),
-                auc=mean_ci(np.asarray(aucs)),
-                reached=int(np.isfinite(tt_arr).sum()),
-                to_threshold=median_ci(tt_arr) if tts else (math.nan,) * 3,
+                finals=tuple(float(f) for f in finals),
+                final=t_interval(finals),
+                final_iqm=iqm_ci(ok, stats_by, reps) if ok.size else Estimate(math.nan),
+                auc=t_interval(np.array(aucs)),
+                reached=int(np.isfinite(tts).sum()),
+                to_threshold=median_ci(tts) if tts.size else Estimate(math.nan),
             )
         )
-    return out, threshold
+    return Comparison(out, threshold, window, used, stats_by)
 
 
 def default_threshold(env_id: str) -> float | None:
@@ -272,78 +426,247 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
-def _fmt_ci(t: tuple[float, float, float]) -> str:
-    m, lo, hi = t
-    if math.isnan(lo):
-        return _fmt(m)
-    return f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]"
+def _fmt_ci(e: Estimate, flag_n: int | None = None) -> str:
+    if math.isnan(e.low):
+        return _fmt(e.value)
+    text = f"{_fmt(e.value)} [{_fmt(e.low)}, {_fmt(e.high)}]"
+    if flag_n is not None and flag_n < FEW_SEEDS:
+        text += f" (n={flag_n}: wide)"
+    return text
 
 
-def compare_table(groups: Sequence[Group], threshold: float | None, window: int) -> str:
-    """A markdown table of final return, AUC and steps to threshold (95% CIs)."""
-    rows, thr = summarise(groups, threshold, window)
+def compare_table(
+    groups: Sequence[Group],
+    threshold: float | None,
+    window: int,
+    returns: str | None = None,
+    backend: str = "auto",
+) -> str:
+    """A markdown table, one row per scheme, and notes saying what was computed how.
+
+    Columns: n (seeds), final return as mean [95% t-interval] and as IQM
+    [95% stratified bootstrap interval], AUC, and, with a threshold, how many
+    seeds reached it and the median steps to it.
+    """
+    c = summarise(groups, threshold, window, returns, backend)
+    thr = c.threshold
     head = [
         "scheme",
-        "seeds",
-        "final return (last 10%)",
-        "AUC (mean smoothed return)",
+        "n",
+        "final return: mean [95% t-CI]",
+        "final return: IQM [95% bootstrap CI]",
+        "AUC: mean [95% t-CI]",
     ]
     if thr is not None:
-        head += [f"reached {thr:g}", f"steps to {thr:g} (median)"]
+        head += [f"reached {thr:g}", f"steps to {thr:g}: median [95% CI]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in rows:
-        cells = [s.label, str(s.n), _fmt_ci(s.final), _fmt_ci(s.auc)]
+    for s in c.rows:
+        cells = [s.label, str(s.n), _fmt_ci(s.final, s.n), _fmt_ci(s.final_iqm),
+                 _fmt_ci(s.auc, s.n)]  # fmt: skip
         if thr is not None:
             cells += [f"{s.reached}/{s.n}", _fmt_ci(s.to_threshold)]
         lines.append("| " + " | ".join(cells) + " |")
-    note = (
-        f"\nMeans with 95% t-intervals across seeds; smoothing window {window} episodes"
-        + (
-            "; steps to threshold: median with a 95% bootstrap interval, 'never' = not reached"
-            if thr is not None
-            else ""
-        )
-        + "."
+    kind = "evaluations" if c.returns.kind == "eval" else "training episodes"
+    smooth = (
+        "each evaluation as is"
+        if c.returns.kind == "eval"
+        else f"moving average of {window} episodes"
     )
-    return "\n".join(lines) + "\n" + note
+    notes = [
+        "",
+        f"- {c.returns.note}.",
+        f"- final return: per seed, the mean of the {kind} in the last 10% of the steps; "
+        "mean with a Student-t interval; IQM (mean of the middle 50% of seeds) with a "
+        "percentile bootstrap interval over seeds, stratified per task "
+        f"({BOOTSTRAP_REPS:,} resamples, {c.backend.note}).",
+        f"- AUC: the mean of each seed's curve ({smooth}) over the steps.",
+    ]
+    if any(s.n < FEW_SEEDS for s in c.rows):
+        notes.append(
+            f"- (n=K: wide): fewer than {FEW_SEEDS} seeds. A t-interval from so few is wide "
+            "(n=2: 12.7 standard errors either side) and can leave the range of returns seen; "
+            "a bootstrap interval is too narrow (it never leaves the seeds' range). Neither "
+            "settles a comparison: run more seeds."
+        )
+    if thr is not None:
+        notes.append(
+            f"- steps to {thr:g}: first step where the curve ({smooth}) reaches it; median "
+            "with a 95% bootstrap interval, 'never' = not reached."
+        )
+    return "\n".join(lines) + "\n" + "\n".join(notes)
 
 
-def plot(groups: Sequence[Group], out: str | Path, window: int, title: str | None = None) -> Path:
-    """Mean smoothed return and 95% CI across seeds, one line per group; writes ``out``."""
+# ---------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _nanmean(curves: np.ndarray) -> np.ndarray:
+    """Mean across seeds (rows) of the finite values; NaN where no seed has one yet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns
+        return np.asarray(np.nanmean(curves, axis=0))
+
+
+def _mean_band(curves: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean across seeds at each grid step and a 95% percentile bootstrap band of it.
+
+    For 2 seeds or more (the plot asks from FEW_SEEDS on). The band is drawn
+    only where every seed has a value; like any percentile
+    bootstrap of a mean, it stays within the seeds' values.
+    """
+    from scipy import stats
+
+    mean = _nanmean(curves)
+    lo = np.full(mean.shape, np.nan)
+    hi = np.full(mean.shape, np.nan)
+    ok = np.isfinite(curves).all(axis=0)
+    if ok.any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = stats.bootstrap(
+                (curves[:, ok],), np.mean, axis=0, n_resamples=1000, method="percentile",
+                vectorized=True, rng=np.random.default_rng(seed),
+            )  # fmt: skip
+        lo[ok], hi[ok] = res.confidence_interval.low, res.confidence_interval.high
+    return mean, lo, hi
+
+
+def _title(runs: Sequence[Run]) -> str:
+    env = runs[0].meta.get("env_id", "")
+    algo = {"dqn": "Double DQN", "sac": "SAC"}.get(runs[0].meta.get("algo", ""), "")
+    return f"{algo} on {env}".strip()
+
+
+def curves_figure(
+    groups: Sequence[Group], window: int, title: str | None = None, returns: str | None = None
+) -> tuple[Any, ReturnsUsed]:
+    """The learning-curve figure (matplotlib) and the returns it shows.
+
+    One colour per group, ``(n=K)`` in its legend entry. Fewer than
+    :data:`FEW_SEEDS` seeds: each seed's curve thin, the mean thick; more:
+    the mean and a 95% bootstrap band. The y-limits are those of the curves
+    drawn, with a 5% margin.
+    """
+    plt = _pyplot()
     all_runs = [r for g in groups for r in g.runs]
+    used = choose_returns(all_runs, returns)
     grid = grid_for(all_runs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    lo, hi = math.inf, -math.inf
+    few = False
     for g in groups:
-        curves = np.stack([smoothed_curve(r, grid, window) for r in g.runs])
-        n = np.isfinite(curves).sum(axis=0)
-        filled = np.where(np.isfinite(curves), curves, 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = filled.sum(axis=0) / n
-            var = ((filled - mean) ** 2 * np.isfinite(curves)).sum(axis=0) / (n - 1)
-        sd = np.sqrt(np.where(n > 1, var, 0.0))
-        half = (
-            np.array([t975(int(k) - 1) if k > 1 else 0.0 for k in n])
-            * sd
-            / np.sqrt(np.maximum(n, 1))
-        )
-        line = ax.plot(grid, mean, label=f"{g.label} (n={len(g.runs)})")[0]
-        if len(g.runs) > 1:
-            ax.fill_between(grid, mean - half, mean + half, color=line.get_color(), alpha=0.2)
-    env = all_runs[0].meta.get("env_id", "")
-    algo = {"dqn": "Double DQN", "sac": "SAC"}.get(all_runs[0].meta.get("algo", ""), "")
-    ax.set_title(title or f"{algo} on {env}: mean of last {window} episodes, 95% CI")
+        curves = np.stack([smoothed_curve(r, grid, window, used.kind) for r in g.runs])
+        if np.isfinite(curves).any():
+            lo, hi = min(lo, float(np.nanmin(curves))), max(hi, float(np.nanmax(curves)))
+        n = len(g.runs)
+        if n < FEW_SEEDS:
+            few = True
+            line = ax.plot(grid, _nanmean(curves), lw=2, label=f"{g.label} (n={n})")[0]
+            for c in curves:
+                ax.plot(grid, c, lw=0.8, alpha=0.35, color=line.get_color())
+        else:
+            mean, band_lo, band_hi = _mean_band(curves)
+            line = ax.plot(grid, mean, lw=2, label=f"{g.label} (n={n})")[0]
+            ax.fill_between(grid, band_lo, band_hi, color=line.get_color(), alpha=0.2, lw=0)
+    if math.isfinite(lo):
+        pad = 0.05 * (hi - lo) or max(1.0, abs(hi) * 0.05)
+        ax.set_ylim(lo - pad, hi + pad)
+    how = "latest evaluation" if used.kind == "eval" else f"mean of last {window} training episodes"
+    shown = "thin: each seed, thick: mean" if few else "mean and 95% bootstrap band"
+    if few and any(len(g.runs) >= FEW_SEEDS for g in groups):
+        shown = f"mean; thin: seeds (n < {FEW_SEEDS}), band: 95% bootstrap (n >= {FEW_SEEDS})"
+    ax.set_title(title or f"{_title(all_runs)}: {how}\n({shown})", fontsize=10)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("episode return")
+    ax.set_ylabel(used.label)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    return fig, used
+
+
+def _save(fig: Any, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return out
+
+
+def plot(
+    groups: Sequence[Group],
+    out: str | Path,
+    window: int,
+    title: str | None = None,
+    returns: str | None = None,
+) -> Path:
+    """Write the learning curves (see :func:`curves_figure`) to ``out``; returns its path."""
+    fig, _ = curves_figure(groups, window, title, returns)
+    return _save(fig, out)
+
+
+def profile_figure(
+    groups: Sequence[Group],
+    returns: str | None = None,
+    backend: str = "auto",
+    points: int = 101,
+) -> tuple[Any, ReturnsUsed, Backend]:
+    """The performance profile of the seeds' final returns, one line per group.
+
+    For each tau between the lowest and highest final return: the fraction of
+    a group's seeds whose final return exceeds tau, with a 95% stratified
+    bootstrap band (rliable, or scipy; the title says which).
+    """
+    plt = _pyplot()
+    all_runs = [r for g in groups for r in g.runs]
+    used = choose_returns(all_runs, returns)
+    bk = stats_backend(backend)
+    finals: Mapping[str, np.ndarray] = {
+        g.label: np.array([final_return(r, used.kind) for r in g.runs]) for g in groups
+    }
+    finite = np.concatenate([f[np.isfinite(f)] for f in finals.values()])
+    if finite.size == 0:
+        raise ValueError("no run has a final return to profile (runs too short?)")
+    taus = np.linspace(float(finite.min()), float(finite.max()), points)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, f in finals.items():
+        f = f[np.isfinite(f)]
+        if f.size == 0:
+            continue
+        prof = performance_profile(f, taus, bk)
+        line = ax.plot(
+            taus, prof.fraction, lw=2, drawstyle="steps-post", label=f"{label} (n={f.size})"
+        )[0]
+        ax.fill_between(
+            taus, prof.low, prof.high, step="post", color=line.get_color(), alpha=0.2, lw=0
+        )
+    kind = "evaluations" if used.kind == "eval" else "training episodes"
+    ax.set_title(
+        f"{_title(all_runs)}: performance profile of final return ({kind})\n"
+        f"95% stratified bootstrap band, {bk.name} {bk.version}",
+        fontsize=10,
+    )
+    ax.set_xlabel("final return τ")
+    ax.set_ylabel("fraction of runs with final return > τ")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig, used, bk
+
+
+def plot_profile(
+    groups: Sequence[Group], out: str | Path, returns: str | None = None, backend: str = "auto"
+) -> Path:
+    """Write the performance profile (see :func:`profile_figure`) to ``out``; returns its path."""
+    fig, _, _ = profile_figure(groups, returns, backend)
+    return _save(fig, out)

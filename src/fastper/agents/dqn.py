@@ -1,6 +1,6 @@
 """Double DQN (optionally dueling) with uniform, proportional or rank-based replay.
 
-One file, read top to bottom: hyperparameters, network, the training loop.
+One file, read top to bottom: hyperparameters, networks, the update, the loop.
 The loss is the importance-sampling-weighted Huber loss of the Double DQN
 target ``r + discount * Q_target(s', argmax_a Q(s', a))``; the absolute TD
 errors go back to the buffer as priorities, with the sample's keys so that
@@ -8,18 +8,36 @@ errors for slots overwritten meanwhile are dropped. Beta rises linearly to 1
 over all the training's sample calls. With ``n_step > 1`` the buffer stores
 n-step returns and the bootstrap ``discount`` (gamma^m, or 0 on termination).
 
-Needs the ``agents`` extra (torch, gymnasium).
+Several envs (``num_envs``) are stepped together, one n-step window each;
+``total_steps``, ``learning_starts``, ``train_freq`` and the exploration
+schedule count environment steps of all envs together. Image observations
+(3-D, e.g. MinAtar's 10x10xC grids) get MinAtar's small CNN. Every
+``eval_every`` steps and at the end, ``eval_episodes`` greedy episodes on a
+separate environment go to ``evaluations.csv``.
+
+Needs the ``agents`` extra (torch, gymnasium); MinAtar ids the ``minatar`` extra.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._common import Collector, RunResult, agent_replay, check_config, linear_epsilon
+from ._common import (
+    Collector,
+    RunResult,
+    agent_replay,
+    check_config,
+    linear_epsilon,
+    make_vec_env,
+    phases_due,
+    resolve_network,
+    vector_steps,
+)
 
 try:
     import torch
@@ -36,9 +54,10 @@ class DQNConfig:
     """Hyperparameters of Double DQN (defaults tuned for CartPole-v1)."""
 
     env_id: str = "CartPole-v1"  # Gymnasium environment with a Discrete action space
-    total_steps: int = 50_000  # environment steps to train for
+    total_steps: int = 50_000  # environment steps to train for, all envs together
+    num_envs: int = 1  # envs stepped together (a sync vector env), one n-step stream each
     replay: str = "per"  # "uniform", "per" (proportional) or "rank"
-    seed: int = 0  # seeds torch, the environment, exploration and the buffer
+    seed: int = 0  # seeds torch, the envs (env i: seed + i), exploration and the buffer
     buffer_size: int = 50_000  # replay capacity (transitions)
     batch_size: int = 128  # transitions per gradient step
     lr: float = 5e-4  # Adam step size
@@ -52,12 +71,17 @@ class DQNConfig:
     eps_start: float = 1.0  # initial exploration rate
     eps_end: float = 0.01  # final exploration rate
     eps_fraction: float = 0.1  # share of total_steps over which exploration decays
-    hidden: tuple[int, ...] = (128, 128)  # hidden layer widths of the Q-network
+    network: str = "auto"  # "mlp", "cnn" (MinAtar's) or "auto" (cnn for 3-D observations)
+    hidden: tuple[int, ...] = (128, 128)  # hidden layer widths of the MLP Q-network
     dueling: bool = False  # dueling value / advantage heads
     max_grad_norm: float = 10.0  # gradient norm clip
     alpha: float | None = None  # priority exponent (None: paper default of the replay kind)
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
+    eval_every: int = 5_000  # environment steps between evaluations (0: none, not even at the end)
+    eval_episodes: int = 5  # episodes per evaluation
+    eval_epsilon: float = 0.0  # random-action rate in evaluation (0: greedy)
+    eval_max_steps: int = 27_000  # cap on an evaluation episode's length (MinAtar has no limit)
     device: str = "cpu"  # torch device
 
     def __post_init__(self) -> None:
@@ -65,12 +89,30 @@ class DQNConfig:
             self,
             positive=("total_steps", "buffer_size", "batch_size", "lr", "train_freq",
                       "gradient_steps", "target_update", "tau"),
-            fractions=("gamma", "tau", "eps_start", "eps_end", "eps_fraction"),
+            fractions=("gamma", "tau", "eps_start", "eps_end", "eps_fraction", "eval_epsilon"),
         )  # fmt: skip
 
 
-class QNetwork(nn.Module):
-    """MLP Q-network; with ``dueling`` the head is V(s) + A(s, a) - mean_a A(s, a)."""
+class _Head(nn.Module):
+    """Q-values from features: a linear head, or with ``dueling`` V(s) + A(s, a) - mean_a A."""
+
+    def _make_head(self, width: int, n_actions: int, dueling: bool) -> None:
+        self.dueling = dueling
+        if dueling:
+            self.value = nn.Linear(width, 1)
+            self.advantage = nn.Linear(width, n_actions)
+        else:
+            self.head = nn.Linear(width, n_actions)
+
+    def _q(self, h: Any) -> Any:
+        if not self.dueling:
+            return self.head(h)
+        adv = self.advantage(h)
+        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+
+
+class QNetwork(_Head):
+    """MLP Q-network over flattened observations (any dtype, read as float32)."""
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool):
         super().__init__()
@@ -80,24 +122,72 @@ class QNetwork(nn.Module):
             layers += [nn.Linear(last, width), nn.ReLU()]
             last = width
         self.body = nn.Sequential(*layers)
-        self.dueling = dueling
-        if dueling:
-            self.value = nn.Linear(last, 1)
-            self.advantage = nn.Linear(last, n_actions)
-        else:
-            self.head = nn.Linear(last, n_actions)
+        self._make_head(last, n_actions, dueling)
 
     def forward(self, x: Any) -> Any:
-        h = self.body(x)
-        if not self.dueling:
-            return self.head(h)
-        adv = self.advantage(h)
-        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+        return self._q(self.body(x.float().reshape(x.shape[0], -1)))
+
+
+class ConvQNetwork(_Head):
+    """MinAtar's Q-network for (height, width, channels) observations (Young & Tian 2019).
+
+    Conv2d(C, 16, 3, stride 1) -> ReLU -> flatten -> Linear(16 (H-2) (W-2), 128)
+    -> ReLU -> Q-values (for MinAtar's 10x10 grids: 16 * 8 * 8 = 1024 features).
+    Observations arrive channels last, as MinAtar and Gymnasium image spaces
+    give them, in their own dtype (MinAtar: bool); they are read as float32,
+    uint8 images scaled to [0, 1].
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool):
+        super().__init__()
+        h, w, c = (int(d) for d in obs_shape)
+        self.body = nn.Sequential(
+            nn.Conv2d(c, 16, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(16 * (h - 2) * (w - 2), 128),
+            nn.ReLU(),
+        )
+        self._make_head(128, n_actions, dueling)
+
+    def forward(self, x: Any) -> Any:
+        scale = 1.0 / 255.0 if x.dtype == torch.uint8 else 1.0
+        image = x.float().permute(0, 3, 1, 2) * scale  # (N, H, W, C) -> (N, C, H, W)
+        return self._q(self.body(image))
+
+
+def make_q_network(cfg: DQNConfig, obs_shape: tuple[int, ...], n_actions: int) -> _Head:
+    """The Q-network ``cfg.network`` asks for (``"auto"``: CNN for 3-D observations)."""
+    if resolve_network(cfg.network, obs_shape, cfg.env_id) == "cnn":
+        return ConvQNetwork(obs_shape, n_actions, cfg.dueling)
+    return QNetwork(int(np.prod(obs_shape)), n_actions, tuple(cfg.hidden), cfg.dueling)
+
+
+def greedy_policy(
+    q: nn.Module, device: Any, epsilon: float = 0.0, rng: np.random.Generator | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Observations (a batch) -> argmax_a Q(obs, a) per row, as int64.
+
+    With ``epsilon`` > 0 each row takes a uniformly random action with that
+    probability, drawn from ``rng`` (keep it apart from training's generators).
+    """
+    gen = rng if rng is not None else np.random.default_rng()
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            q_values = q(torch.as_tensor(obs, device=device))
+        actions = q_values.argmax(dim=1).cpu().numpy().astype(np.int64)
+        if epsilon > 0:
+            explore = gen.random(len(actions)) < epsilon
+            actions[explore] = gen.integers(q_values.shape[1], size=int(explore.sum()))
+        return actions
+
+    return act
 
 
 def td_step(
-    q: QNetwork,
-    q_target: QNetwork,
+    q: nn.Module,
+    q_target: nn.Module,
     optimizer: Any,
     batch: dict[str, Any],
     gamma: float,
@@ -109,10 +199,10 @@ def td_step(
     The loss is ``mean_i w_i * huber(delta_i)``: the IS weights scale each
     sample's gradient, as in Algorithm 1 of the paper.
     """
-    obs = batch["obs"].float()
+    obs = batch["obs"]  # in the stored dtype: the networks read it as float32
     actions = batch["action"].long().reshape(-1, 1)
     reward = batch["reward"].float()
-    next_obs = batch["next_obs"].float()
+    next_obs = batch["next_obs"]
     if "discount" in batch:  # n-step buffers store gamma^m (0 on termination)
         discount = batch["discount"].float()
     else:
@@ -133,45 +223,64 @@ def td_step(
 
 
 def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
-    """Train Double DQN on ``config.env_id``; log episodes to ``out_dir``.
+    """Train Double DQN on ``config.env_id``; log episodes and evaluations to ``out_dir``.
+
+    Runs ``total_steps // num_envs`` steps of the ``num_envs`` envs together.
+    Each env explores on its own (epsilon-greedy, one draw per env); a
+    training phase of ``gradient_steps`` updates comes at every multiple of
+    ``train_freq`` environment steps past ``learning_starts``, so the
+    updates per environment step do not depend on ``num_envs``.
 
     Returns:
-        The :class:`RunResult` (episode returns and the steps they ended at).
-    """
-    import gymnasium as gym
+        The :class:`RunResult`: episode returns and the steps they ended at,
+        and the evaluations.
 
+    Raises:
+        ValueError: an action space that is not Discrete, or a ``network``
+            that does not fit the observations.
+        ImportError: a MinAtar id without the minatar package.
+    """
     cfg = config
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    env: Any = gym.make(cfg.env_id)
-    if type(env.action_space).__name__ != "Discrete":
-        raise ValueError(
-            f"DQN needs a Discrete action space, got {env.action_space} for {cfg.env_id}"
-        )
-    obs_dim = int(np.prod(env.observation_space.shape))
-    n_actions = int(env.action_space.n)
+    rng = np.random.default_rng(cfg.seed)  # exploration
+    envs: Any = make_vec_env(cfg.env_id, cfg.num_envs)
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    if type(action_space).__name__ != "Discrete":
+        envs.close()
+        raise ValueError(f"DQN needs a Discrete action space, got {action_space} for {cfg.env_id}")
+    obs_shape = tuple(int(d) for d in obs_space.shape)
+    n_actions = int(action_space.n)
     device = torch.device(cfg.device)
 
-    q = QNetwork(obs_dim, n_actions, tuple(cfg.hidden), cfg.dueling).to(device)
-    q_target = QNetwork(obs_dim, n_actions, tuple(cfg.hidden), cfg.dueling).to(device)
+    q = make_q_network(cfg, obs_shape, n_actions).to(device)
+    q_target = make_q_network(cfg, obs_shape, n_actions).to(device)
     q_target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr, foreach=True)
+    # evaluation draws (eval_epsilon > 0) from its own generator: training is not disturbed
+    evaluate = greedy_policy(q, device, cfg.eval_epsilon, np.random.default_rng([cfg.seed, 1]))
 
-    buffer = agent_replay(cfg, env)
-    run = Collector("dqn", cfg, env, buffer, out_dir, progress)
+    buffer = agent_replay(cfg, envs)
+    run = Collector("dqn", cfg, envs, buffer, out_dir, progress)
+    k = cfg.num_envs
+    iterations = vector_steps(cfg)
     grad_steps = 0
     decay = int(cfg.eps_fraction * cfg.total_steps)
-    for step in range(1, cfg.total_steps + 1):
+    for it in range(1, iterations + 1):
+        step = it * k  # environment steps once this step of every env is taken
         eps = linear_epsilon(step, cfg.eps_start, cfg.eps_end, decay)
-        if rng.random() < eps:
-            action = int(rng.integers(n_actions))
-        else:
+        explore = rng.random(k) < eps
+        actions = np.empty(k, dtype=np.int64)
+        if explore.any():
+            actions[explore] = rng.integers(n_actions, size=int(explore.sum()))
+        if not explore.all():
             with torch.no_grad():
-                x = torch.as_tensor(run.obs, dtype=torch.float32, device=device).reshape(1, -1)
-                action = int(q(x).argmax(dim=1).item())
-        run.step(step, action)
+                x = torch.as_tensor(run.obs[~explore], device=device)
+                actions[~explore] = q(x).argmax(dim=1).cpu().numpy()
+        run.step(step, actions)
 
-        if step > cfg.learning_starts and step % cfg.train_freq == 0 and len(buffer) > 0:
+        # len(buffer) > 0: with n_step > 1 the first n - 1 steps store nothing yet
+        phases = phases_due(step, k, cfg.learning_starts, cfg.train_freq) if len(buffer) else 0
+        for _ in range(phases):
             for _ in range(cfg.gradient_steps):
                 sample = buffer.sample(cfg.batch_size)
                 abs_td, loss = td_step(
@@ -186,4 +295,5 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
             if grad_steps % 100 < cfg.gradient_steps:
                 run.log.scalar("train/loss", loss, step)
                 run.log.scalar("train/beta", buffer.beta, step)
+        run.maybe_evaluate(step, evaluate, final=it == iterations)
     return run.close()

@@ -1,7 +1,8 @@
 """Running agents over replay schemes and seeds, one after another or in processes.
 
 Layout of an output directory: ``OUT/<algo>-<env>-<replay>/seed-<k>/`` holds
-``config.json`` and ``episodes.csv`` of one run (see ``_common.RunLogger``).
+``config.json``, ``episodes.csv``, ``evaluations.csv`` and ``summary.json`` of
+one run (see ``_common.RunLogger``).
 """
 
 from __future__ import annotations
@@ -136,12 +137,14 @@ def parse_overrides(cls: type[Any], pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def check_env(algo: str, env_id: str) -> None:
+def check_env(algo: str, env_id: str, network: str = "auto") -> None:
     """Make ``env_id`` once and check that ``algo`` can train on it.
 
     Raises :class:`SettingsError` with one line saying what to do when the id
-    is unknown, its dependencies are missing, or its spaces do not suit
-    ``algo`` (DQN: Discrete actions; SAC: Box actions; a flat observation).
+    is unknown, its dependencies are missing (MinAtar ids: the install
+    command), or its spaces do not suit ``algo`` (DQN: Discrete actions, and
+    observations that fit ``network``: any Box for the MLP, 3-D for the CNN;
+    SAC: Box actions and flat observations).
     """
     try:
         import gymnasium as gym
@@ -151,14 +154,19 @@ def check_env(algo: str, env_id: str) -> None:
             f"training needs gymnasium ({exc}): pip install 'fastper[agents]'"
         ) from exc
     from ..spaces import fields_from_spaces
+    from ._common import register_env, resolve_network
 
+    try:
+        register_env(env_id)
+    except ImportError as exc:
+        raise SettingsError(" ".join(str(exc).split())) from exc
     try:
         env: Any = gym.make(env_id)
     except (gym_error.Error, ImportError) as exc:
         why = " ".join(str(exc).split())
         raise SettingsError(
             f"cannot make environment {env_id!r}: {why} (--env takes a registered Gymnasium "
-            "id such as CartPole-v1 or Pendulum-v1; list them with "
+            "id such as CartPole-v1, Pendulum-v1 or MinAtar/Breakout-v1; list them with "
             "python -c 'import gymnasium; gymnasium.pprint_registry()')"
         ) from exc
     try:
@@ -169,10 +177,21 @@ def check_env(algo: str, env_id: str) -> None:
                 f"{algo.upper()} needs a {need} action space, got {env.action_space} for "
                 f"{env_id}; choose another --env or use `fastper train {other}`"
             )
-        if getattr(env.observation_space, "shape", None) is None:
+        shape = getattr(env.observation_space, "shape", None)
+        if shape is None:
             raise SettingsError(
-                f"{algo.upper()} needs a flat (Box) observation space, got "
+                f"{algo.upper()} needs a Box observation space, got "
                 f"{env.observation_space} for {env_id}; choose another --env"
+            )
+        if algo == "dqn":
+            try:
+                resolve_network(network, tuple(shape), env_id)
+            except ValueError as exc:
+                raise SettingsError(str(exc)) from exc
+        elif len(shape) != 1:
+            raise SettingsError(
+                f"SAC needs flat (1-D Box) observations, got {env.observation_space} for "
+                f"{env_id}; image observations are for `fastper train dqn` (its CNN)"
             )
         try:
             fields_from_spaces(env.observation_space, env.action_space)
@@ -230,7 +249,7 @@ def plan_runs(
             jobs.append(settings)
     if cfg is not None:
         _check_device(str(cfg.device))
-        check_env(algo, env_id)
+        check_env(algo, env_id, getattr(cfg, "network", "auto"))
     return jobs
 
 
@@ -242,6 +261,10 @@ def run_dir(out: str | Path, algo: str, env_id: str, replay: str, seed: int) -> 
 def _train_one(
     algo: str, settings: dict[str, Any], out: str, progress: bool, threads: int
 ) -> tuple[str, int, float, int, float]:
+    """One run (in this process or a pool's): (replay, seed, last-10 return, episodes, s).
+
+    ``progress`` is the run's own bar or lines on stderr (see ``_common.Progress``).
+    """
     import torch
 
     torch.set_num_threads(threads)
@@ -275,9 +298,13 @@ def train_many(
 ) -> list[tuple[str, int, float, int, float]]:
     """Train ``algo`` for every (replay, seed); returns (replay, seed, last-10 return, episodes, s).
 
-    With ``workers > 1`` runs go to that many processes (spawned) and progress
-    is one line per run. Each run uses ``threads`` torch threads (default
-    ``cpu_count // workers``).
+    With ``workers > 1`` runs go to that many processes (spawned; never more
+    than there are runs). Each run uses ``threads`` torch threads (default
+    ``cpu_count // workers``). With ``progress``, stderr says at once what
+    runs where, then each process shows the progress of the run it is on: on a
+    terminal a tqdm bar on a line of its own, elsewhere (logs, CI) a plain
+    line per run at its start, every 10% of its steps or 15 s, and at its end
+    (see ``_common.Progress``); a pool adds a line as each run finishes.
     """
     jobs = plan_runs(algo, env_id, replays, seeds, steps, overrides)
     out = Path(out)
@@ -322,26 +349,77 @@ def _run_jobs(
     progress: bool,
     threads: int | None,
 ) -> list[tuple[str, int, float, int, float]]:
+    """Run ``jobs`` here (one worker) or in a pool of spawned processes; results in plan order.
+
+    A pool's processes each take a terminal line for their bars (a slot from a
+    queue, in the pool's initializer) and share one lock for drawing. If a run
+    fails, runs not yet started are cancelled and the error is raised.
+    """
     results = []
     t0 = time.perf_counter()
+    workers = max(1, min(workers, len(jobs)))
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+        threads = max(1, (os.cpu_count() or 1) // workers)
     order = {r: i for i, r in enumerate(replays)}
-    if workers <= 1:
+    from ._common import Progress  # numpy and fastper only
+
+    tty = Progress.draws_bars()
+    if progress:
+        where = "one after another" if workers == 1 else f"in {workers} processes"
+        how = "a bar per run" if tty else "a line per run every 10% of its steps or 15 s"
+        _say(f"training {len(jobs)} run(s) of {algo} {where}; progress: {how}", None, tty)
+    if workers == 1:
         for s in jobs:
             results.append(_train_one(algo, s, str(out), progress, threads))
         return sorted(results, key=lambda r: (order[r[0]], r[1]))
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_train_one, algo, s, str(out), False, threads) for s in jobs]
-        for done, fut in enumerate(as_completed(futures), 1):
-            r = fut.result()
-            results.append(r)
-            if progress:
-                print(
-                    f"[{done}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {algo} {r[0]} seed {r[1]}: "
-                    f"last-10 return {r[2]:.1f} over {r[3]} episodes ({r[4]:.0f}s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    lock = ctx.RLock()  # tqdm's own lock is made in the default (fork) context: not shareable
+    slots = ctx.Queue()
+    for slot in range(workers):
+        slots.put(slot)
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock)
+    ) as pool:
+        futures = [pool.submit(_train_one, algo, s, str(out), progress, threads) for s in jobs]
+        try:
+            for done, fut in enumerate(as_completed(futures), 1):
+                r = fut.result()
+                results.append(r)
+                if progress:
+                    _say(
+                        f"[{done}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {algo} {r[0]} "
+                        f"seed {r[1]}: last-10 return {r[2]:.1f} over {r[3]} episodes ({r[4]:.0f}s)",
+                        lock,
+                        tty,
+                    )
+        except BaseException:
+            for fut in futures:  # do not start what is still queued
+                fut.cancel()
+            raise
     return sorted(results, key=lambda r: (order[r[0]], r[1]))
+
+
+def _init_worker(slots: Any, lock: Any) -> None:
+    """Pool initializer: this process's terminal line for bars, and the shared drawing lock."""
+    import queue
+
+    from ._common import Progress
+
+    try:
+        slot = int(slots.get(timeout=10))
+    except queue.Empty:  # more processes than slots (a replaced worker): share line 0
+        slot = 0
+    Progress.use_slot(slot, lock)
+
+
+def _say(message: str, lock: Any | None, tty: bool) -> None:
+    """One line on stderr from the main process, under the workers' bars' lock."""
+    # on a terminal, clear what a bar drew on this line first
+    text = ("\r\x1b[K" if tty else "") + message + "\n"
+    if lock is None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    with lock:
+        sys.stderr.write(text)
+        sys.stderr.flush()

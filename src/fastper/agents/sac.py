@@ -14,19 +14,35 @@ from it; the mean tracks the critic loss being minimised, while the minimum
 would hide a sample one critic still gets badly wrong and the maximum would
 let a single noisy critic dominate.
 
+Several envs (``num_envs``) are stepped together, one n-step window each;
+``total_steps``, ``learning_starts`` and ``train_freq`` count environment
+steps of all envs together. Every ``eval_every`` steps and at the end,
+``eval_episodes`` deterministic episodes (the policy's mean action) on a
+separate environment go to ``evaluations.csv``. Observations must be flat
+(1-D); image observations are for the DQN agent.
+
 Needs the ``agents`` extra (torch, gymnasium).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._common import Collector, RunResult, agent_replay, check_config
+from ._common import (
+    Collector,
+    RunResult,
+    agent_replay,
+    check_config,
+    make_vec_env,
+    phases_due,
+    vector_steps,
+)
 
 try:
     import torch
@@ -44,10 +60,11 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 class SACConfig:
     """Hyperparameters of SAC (defaults tuned for Pendulum-v1)."""
 
-    env_id: str = "Pendulum-v1"  # Gymnasium environment with a Box action space
-    total_steps: int = 15_000  # environment steps to train for
+    env_id: str = "Pendulum-v1"  # Gymnasium environment with Box actions and flat observations
+    total_steps: int = 15_000  # environment steps to train for, all envs together
+    num_envs: int = 1  # envs stepped together (a sync vector env), one n-step stream each
     replay: str = "per"  # "uniform", "per" (proportional) or "rank"
-    seed: int = 0  # seeds torch, the environment and the buffer
+    seed: int = 0  # seeds torch, the envs (env i: seed + i), warm-up actions and the buffer
     buffer_size: int = 100_000  # replay capacity (transitions)
     batch_size: int = 256  # transitions per gradient step
     actor_lr: float = 3e-4  # Adam step size of the policy
@@ -65,6 +82,9 @@ class SACConfig:
     alpha: float | None = None  # priority exponent (None: paper default of the replay kind)
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
+    eval_every: int = 1_500  # environment steps between evaluations (0: none, not even at the end)
+    eval_episodes: int = 5  # episodes per evaluation (deterministic: the mean action)
+    eval_max_steps: int = 27_000  # cap on an evaluation episode's length
     device: str = "cpu"  # torch device
 
     def __post_init__(self) -> None:
@@ -217,40 +237,77 @@ def make_state(
     )
 
 
+def deterministic_policy(actor: Actor, device: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """Observations (a batch) -> the policy's mean action per row, squashed and rescaled.
+
+    Draws no random numbers, so evaluating does not move torch's generator.
+    """
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            x = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(len(obs), -1)
+            return actor(x, deterministic=True)[0].cpu().numpy()
+
+    return act
+
+
 def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
-    """Train SAC on ``config.env_id``; log episodes to ``out_dir``.
+    """Train SAC on ``config.env_id``; log episodes and evaluations to ``out_dir``.
+
+    Runs ``total_steps // num_envs`` steps of the ``num_envs`` envs together;
+    actions are uniformly random until ``learning_starts`` environment
+    steps, then sampled from the policy. A training phase of
+    ``gradient_steps`` updates comes at every multiple of ``train_freq``
+    environment steps past ``learning_starts``.
 
     Returns:
-        The :class:`RunResult` (episode returns and the steps they ended at).
-    """
-    import gymnasium as gym
+        The :class:`RunResult`: episode returns and the steps they ended at,
+        and the evaluations.
 
+    Raises:
+        ValueError: an action space that is not Box, or observations that
+            are not flat (1-D).
+    """
     cfg = config
     torch.manual_seed(cfg.seed)
-    env: Any = gym.make(cfg.env_id)
-    if type(env.action_space).__name__ != "Box":
-        raise ValueError(f"SAC needs a Box action space, got {env.action_space} for {cfg.env_id}")
-    obs_dim = int(np.prod(env.observation_space.shape))
-    act_dim = int(np.prod(env.action_space.shape))
-    low = np.asarray(env.action_space.low, dtype=np.float64).reshape(-1)
-    high = np.asarray(env.action_space.high, dtype=np.float64).reshape(-1)
+    envs: Any = make_vec_env(cfg.env_id, cfg.num_envs)
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    if type(action_space).__name__ != "Box":
+        envs.close()
+        raise ValueError(f"SAC needs a Box action space, got {action_space} for {cfg.env_id}")
+    if len(getattr(obs_space, "shape", None) or ()) != 1:
+        envs.close()
+        raise ValueError(
+            f"SAC needs flat (1-D Box) observations, got {obs_space} for {cfg.env_id}; "
+            "image observations are for the DQN agent (its CNN)"
+        )
+    obs_dim = int(obs_space.shape[0])
+    act_shape = tuple(action_space.shape)
+    act_dim = int(np.prod(act_shape))
+    low = np.asarray(action_space.low, dtype=np.float64).reshape(-1)
+    high = np.asarray(action_space.high, dtype=np.float64).reshape(-1)
     device = torch.device(cfg.device)
     st = make_state(obs_dim, act_dim, low, high, cfg, device)
+    evaluate = deterministic_policy(st.actor, device)
 
-    buffer = agent_replay(cfg, env)
-    run = Collector("sac", cfg, env, buffer, out_dir, progress)
+    buffer = agent_replay(cfg, envs)
+    run = Collector("sac", cfg, envs, buffer, out_dir, progress)
+    k = cfg.num_envs
+    iterations = vector_steps(cfg)
     grad_steps = 0
-    for step in range(1, cfg.total_steps + 1):
+    for it in range(1, iterations + 1):
+        step = it * k  # environment steps once this step of every env is taken
         if step <= cfg.learning_starts:
-            action = np.asarray(env.action_space.sample(), dtype=np.float32)
+            actions = run.random_actions().astype(np.float32)
         else:
             with torch.no_grad():
-                x = torch.as_tensor(run.obs, dtype=torch.float32, device=device).reshape(1, -1)
-                action = st.actor(x)[0].cpu().numpy().reshape(env.action_space.shape)
-        run.step(step, action)
+                x = torch.as_tensor(run.obs, dtype=torch.float32, device=device).reshape(k, -1)
+                actions = st.actor(x)[0].cpu().numpy().reshape(k, *act_shape)
+        run.step(step, actions)
 
         # len(buffer) > 0: with n_step > 1 the first n - 1 steps store nothing yet
-        if step > cfg.learning_starts and step % cfg.train_freq == 0 and len(buffer) > 0:
+        phases = phases_due(step, k, cfg.learning_starts, cfg.train_freq) if len(buffer) else 0
+        for _ in range(phases):
             for _ in range(cfg.gradient_steps):
                 sample = buffer.sample(cfg.batch_size)
                 td, losses = update(st, sample.to_torch(device), cfg.gamma, cfg.tau)
@@ -259,4 +316,5 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
             if grad_steps % 200 < cfg.gradient_steps:
                 for name, value in losses.items():
                     run.log.scalar(f"train/{name}", value, step)
+        run.maybe_evaluate(step, evaluate, final=it == iterations)
     return run.close()
