@@ -31,6 +31,7 @@ PUBLIC: dict[str, list[str] | None] = {
     "fastper.storage": ["coerce_batch"],
     "fastper.device": None,
     "fastper.compat.dopamine": None,
+    "fastper.compat.sb3": None,
     "fastper.limiter": None,
     "fastper.distributed": None,
 }

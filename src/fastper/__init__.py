@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from . import schedules
 from .buffer_state import from_state_dict, load, read_metadata

@@ -198,6 +198,11 @@ class BufferCore:
         return float(self._beta_schedule(self._step))
 
     @property
+    def cursor(self) -> int:
+        """The slot the next transition goes to (``total_added % capacity``). O(1)."""
+        return int(self._writer.cursor)
+
+    @property
     def n_pending(self) -> int:
         """Transitions held back by the n-step writer, not yet stored."""
         return 0 if self._nstep is None else self._nstep.n_pending

@@ -522,6 +522,19 @@ class _Buffer(StateMixin):
             raise ValueError(f"invalid priority update (code {code})")
 
     # -- housekeeping ----------------------------------------------------------
+    @locked
+    def drop_pending(self) -> int:
+        """Drop the n-step windows not yet stored (e.g. episodes cut by an env reset). O(streams).
+
+        Returns how many transitions were dropped. Streams stay known (with
+        their autoreset state); nothing stored changes.
+        """
+        if self._nstep is None:
+            return 0
+        n = self._nstep.n_pending
+        self._nstep.clear()
+        return int(n)
+
     # -- a part of a sample over several buffers ---------------------------------
     @locked
     def sample_mass(self, targets: Any, view_total: float | None = None) -> MassSample:

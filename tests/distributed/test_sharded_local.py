@@ -294,3 +294,24 @@ def test_concurrent_change_returns_the_probability_actually_used() -> None:
     cur = np.where(b.indices[on1] % 8 < 4, 1.0, 3.0) / 16.0
     np.testing.assert_allclose(b.probabilities[on1], 0.5 * cur, rtol=1e-12)
     assert s.views()[1].total == 16.0  # the reply brought the new view
+
+
+def test_updates_sampled_before_a_restore_never_reach_items_added_after_it(tmp_path) -> None:
+    s, t = make_three("restore")
+    s.save(tmp_path)
+    s.add(rows(np.arange(5.0), 1), shard=1)  # lost with the shard: keys 10..14 on shard 1
+    old = s.sample(400)
+    t.kill(1)
+    with pytest.warns(ShardLostWarning, match="restored"):
+        s.sample(8)
+    new_idx = s.add(rows(np.arange(5.0), 7), shard=1)  # reuse keys 10..14 on shard 1
+    on1 = old.indices // 50 == 1
+    assert on1.any()
+    applied = s.update_priorities(old.indices, np.full(400, 1000.0), old.keys, wait=True)
+    assert applied == int((~on1).sum())  # every shard-1 entry dropped: an older generation
+    assert s.stale_updates == int(on1.sum())
+    shard1 = t.shards[1].buffer
+    np.testing.assert_array_equal(shard1.priorities(new_idx - 50), shard1.max_priority_ever)
+    fresh = s.sample(400)
+    assert (fresh.keys[fresh.indices // 50 == 1] >> 40 == 1).all()
+    assert s.update_priorities(fresh.indices, np.ones(400), fresh.keys, wait=True) == 400

@@ -8,6 +8,8 @@ imported only when asked for). See :mod:`.plan` for what is exact.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .coordinator import MANIFEST, ShardedReplayBuffer, ShardLostWarning
 from .plan import ShardView, rendezvous, split_points
 from .shard import Shard
@@ -24,4 +26,32 @@ __all__ = [
     "Transport",
     "rendezvous",
     "split_points",
+    # Ray (extra ``fastper[ray]``), imported on first use:
+    "RateLimitedSharded",
+    "RayTransport",
+    "ShardRouter",
+    "load_on_ray",
+    "rate_limiter",
+    "ray_shards",
+    "sharded_on_ray",
 ]
+
+_RAY_NAMES = {
+    "RayTransport": "ray_backend",
+    "ray_shards": "ray_backend",
+    "sharded_on_ray": "ray_backend",
+    "load_on_ray": "ray_backend",
+    "ShardRouter": "ray_router",
+    "rate_limiter": "ray_limiter",
+    "RateLimitedSharded": "ray_limiter",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # the Ray back end's names, without importing Ray for ``import fastper.distributed``
+    module = _RAY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastper.distributed' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

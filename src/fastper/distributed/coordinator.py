@@ -10,7 +10,13 @@ under one manifest; and applies a policy when a shard is lost.
 Global indices: shard ``s``'s slot ``i`` is ``offset[s] + i`` with
 ``offset`` the running sum of the shards' capacities, so a
 :class:`~fastper.SampleBatch` from here goes back to ``update_priorities``
-like one from a local buffer (``keys`` are the shard's insertion counters).
+like one from a local buffer. ``keys`` are the shard's insertion counters,
+plus ``generation << 40`` once a shard has been restored from a checkpoint:
+a restored shard counts its inserts again from the checkpoint's count, so
+without the generation an update sampled before the loss could name a
+transition added after the restore. Updates from an older generation are
+dropped (counted in :attr:`stale_updates`), even for transitions the
+checkpoint kept.
 
 Round trips: a sample is one parallel call to the shards that got draws
 (with K shards and B draws usually all K); an update one call per owning
@@ -42,6 +48,9 @@ MANIFEST = "manifest.json"
 _MANIFEST_FORMAT = 1
 _POLICIES = ("raise", "continue", "restore")
 _NORMS = ("buffer", "batch", "none")
+#: keys carry the shard's restore generation above this bit (2^40 inserts per shard)
+GENERATION_SHIFT = 40
+_KEY_MASK = (1 << GENERATION_SHIFT) - 1
 
 
 class ShardLostWarning(RuntimeWarning):
@@ -100,6 +109,7 @@ class ShardedReplayBuffer:
         self._lost: list[int] = []
         self._checkpoints: dict[int, str] = {}
         self._pending: list[Any] = []
+        self._stale_generation = 0
         k = transport.n_shards
         info = transport.results([transport.submit(s, "describe") for s in range(k)])
         fields = {json.dumps(i["fields"], sort_keys=True) for i in info}
@@ -113,6 +123,7 @@ class ShardedReplayBuffer:
         self._capacities = np.array([i["capacity"] for i in info], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self._capacities)]).astype(np.int64)
         self._views: list[ShardView] = [i["view"] for i in info]
+        self._generation = np.zeros(k, dtype=np.int64)
 
     # -- introspection ---------------------------------------------------------
     @classmethod
@@ -143,6 +154,20 @@ class ShardedReplayBuffer:
     def lost_shards(self) -> list[int]:
         """Shards lost and gone on without (``on_shard_loss="continue"``)."""
         return list(self._lost)
+
+    @property
+    def transport(self) -> Transport:
+        """How the shards are reached."""
+        return self._t
+
+    @property
+    def stale_updates(self) -> int:
+        """Update entries dropped here because their shard was restored since they were sampled.
+
+        (Entries a shard drops itself, for slots overwritten since, are counted
+        by the shard.)
+        """
+        return self._stale_generation
 
     @property
     def capacity(self) -> int:
@@ -189,12 +214,18 @@ class ShardedReplayBuffer:
         if not self._pending:
             return
         done, self._pending = self._pending, []
-        for shard, p in done:
-            try:
-                applied, view = self._t.results([p])[0]
-            except ShardLostError:
-                continue  # handled when that shard is next called
-            self._views[shard] = view
+        try:  # one wait for all of them (one ray.get on Ray)
+            replies: list[Any] = self._t.results([p for _, p in done])
+        except ShardLostError:
+            replies = []
+            for _, p in done:  # find which were lost; the others' views still count
+                try:
+                    replies.append(self._t.results([p])[0])
+                except ShardLostError:
+                    replies.append(None)  # handled when that shard is next called
+        for (shard, _), reply in zip(done, replies, strict=True):
+            if reply is not None:
+                self._views[shard] = reply[1]
 
     def _on_loss(self, exc: ShardLostError) -> None:
         """Apply the policy to a lost shard; returns when the call may be retried."""
@@ -211,6 +242,7 @@ class ShardedReplayBuffer:
                 ) from exc
             self._t.restart(s, path)
             self._views[s] = self._t.results([self._t.submit(s, "view")])[0]
+            self._generation[s] += 1  # keys sampled before now name nothing
             warnings.warn(
                 f"shard {s} was lost and restored from {path}: what it took in since that "
                 "checkpoint is gone", ShardLostWarning, stacklevel=3,
@@ -326,7 +358,9 @@ class ShardedReplayBuffer:
             cur_tot[s], cur_min[s] = r.total, r.min_mass
             masses[p] = r.masses
             idx[p] = np.asarray(r.indices, dtype=np.int64) + self._offsets[s]
-            keys[p] = r.keys
+            keys[p] = np.asarray(r.keys, dtype=np.int64) + (
+                int(self._generation[s]) << GENERATION_SHIFT
+            )
             for name, arr in r.data.items():
                 if name not in data:
                     data[name] = np.empty((b, *arr.shape[1:]), dtype=arr.dtype)
@@ -372,8 +406,16 @@ class ShardedReplayBuffer:
             if s in self._lost:
                 continue
             sel = np.flatnonzero(owner == s)  # order kept: the last duplicate still wins
+            shard_keys = None
+            if k is not None:
+                current = (k[sel] >> GENERATION_SHIFT) == self._generation[s]
+                self._stale_generation += int((~current).sum())
+                sel = sel[current]
+                if sel.size == 0:
+                    continue
+                shard_keys = k[sel] & _KEY_MASK
             slots = idx[sel] - self._offsets[s]
-            calls.append((s, slots, td[sel], None if k is None else k[sel]))
+            calls.append((s, slots, td[sel], shard_keys))
         if not wait:
             self._pending += [
                 (s, self._t.submit(s, "update_priorities", sl, t, kk)) for s, sl, t, kk in calls
@@ -439,6 +481,7 @@ class ShardedReplayBuffer:
             "coordinator": {
                 "step": self._step,
                 "rr": self._rr,
+                "generation": self._generation.tolist(),
                 "rng": _jsonable_rng(self._rng.bit_generator.state),
             },  # fmt: skip
         }
@@ -494,6 +537,8 @@ class ShardedReplayBuffer:
             )
         c = m["coordinator"]
         self._step, self._rr = int(c["step"]), int(c["rr"])
+        gens = c.get("generation", [0] * self.n_shards)
+        self._generation = np.asarray(gens, dtype=np.int64)
         self._rng.bit_generator.state = c["rng"]
         self._lost = [int(s) for s in m["lost"]]
         d = Path(directory)

@@ -1,0 +1,60 @@
+"""Prioritized replay for Stable-Baselines3: change one import and one class name.
+
+>>> from fastper.compat.sb3 import PERDQN          # instead of: from stable_baselines3 import DQN
+>>> model = PERDQN("MlpPolicy", "CartPole-v1", seed=0,
+...                replay_buffer_kwargs={"alpha": 0.6, "beta": 0.4})  # doctest: +SKIP
+>>> model.learn(20_000)                                                 # doctest: +SKIP
+>>> model.save_replay_buffer("replay.fpk")   # fastper's pickle-free file # doctest: +SKIP
+
+or keep SB3's algorithm and only swap the buffer (it then samples by
+priority, but SB3's ``train`` neither weights the loss nor updates priorities)::
+
+    from fastper.compat.sb3 import PrioritizedReplayBuffer
+    model = SAC("MlpPolicy", env, replay_buffer_class=PrioritizedReplayBuffer)
+
+Needs ``pip install 'fastper[sb3]'`` (stable-baselines3, torch, gymnasium;
+tested with stable-baselines3 2.9.2). ``import fastper`` and ``import
+fastper.compat`` never import this module.
+
+The pieces (see each for details):
+
+* :class:`PrioritizedReplayBuffer`, :class:`DictPrioritizedReplayBuffer`:
+  SB3's ``ReplayBuffer`` / ``DictReplayBuffer`` API (and subclasses of them)
+  over a fastper buffer, proportional by default (``scheme="rank"`` or
+  ``"uniform"``); samples are :class:`PrioritizedReplayBufferSamples` /
+  :class:`DictPrioritizedReplayBufferSamples`: SB3's fields plus ``weights``
+  (``(B, 1)`` float32 tensor), ``indices`` and ``keys``; then
+  ``buffer.update_priorities(indices, td, keys)``.
+* :class:`PERDQN`, :class:`PERSAC`, :class:`PERTD3`: SB3's algorithms with
+  IS-weighted TD losses, |TD| written back, beta annealed to 1 over ``learn()``.
+* :func:`save_replay_buffer`, :func:`load_replay_buffer`: the pickle-free
+  buffer file for any SB3 algorithm using these buffers.
+
+What differs from SB3's buffer: transitions are drawn by priority, one
+transition at a time (SB3 draws a step, then an env); ``optimize_memory_usage``
+is refused; the buffer cannot be pickled (it is saved in fastper's checkpoint
+format); ``done`` and ``TimeLimit.truncated`` are stored as two bool flags
+(terminated, truncated), giving SB3's sampled ``dones``.
+"""
+
+from __future__ import annotations
+
+from .sb3_algorithms import PERDQN, PERSAC, PERTD3, load_replay_buffer, save_replay_buffer
+from .sb3_buffers import (
+    DictPrioritizedReplayBuffer,
+    DictPrioritizedReplayBufferSamples,
+    PrioritizedReplayBuffer,
+    PrioritizedReplayBufferSamples,
+)
+
+__all__ = [
+    "PERDQN",
+    "PERSAC",
+    "PERTD3",
+    "DictPrioritizedReplayBuffer",
+    "DictPrioritizedReplayBufferSamples",
+    "PrioritizedReplayBuffer",
+    "PrioritizedReplayBufferSamples",
+    "load_replay_buffer",
+    "save_replay_buffer",
+]

@@ -1,0 +1,611 @@
+"""Stable-Baselines3 replay buffers backed by a fastper prioritized buffer.
+
+:class:`PrioritizedReplayBuffer` and :class:`DictPrioritizedReplayBuffer` have
+the constructor, ``add`` / ``sample`` / ``size`` / ``reset`` / ``pos`` /
+``full`` of SB3's ``ReplayBuffer`` and ``DictReplayBuffer`` (and subclass
+them, so SB3's own checks accept them). Behind them, one fastper buffer
+(proportional by default; rank-based or uniform on request) holds one row per
+transition: an ``add`` of ``n_envs`` envs writes ``n_envs`` rows, and every
+stored transition is drawn by its own priority, not "a step, then an env"
+as in SB3.
+
+What a sample holds: SB3's fields (``observations``, ``actions``,
+``next_observations``, ``dones``, ``rewards``, ``discounts``) with SB3's
+shapes, dtypes and device, plus ``weights`` (IS weights, float32, shape
+``(batch_size, 1)`` like ``rewards`` and ``dones``, so ``weights * (q -
+target) ** 2`` never broadcasts to ``(B, B)``), and ``indices`` / ``keys``
+(numpy int64) for :meth:`PrioritizedReplayBuffer.update_priorities`.
+
+Imported lazily: ``import fastper`` and ``import fastper.compat`` never import
+this module, torch or stable-baselines3.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+try:
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+    from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+    from stable_baselines3.common.utils import get_device
+    from stable_baselines3.common.vec_env import VecNormalize
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "fastper.compat.sb3 needs stable-baselines3 (and torch, gymnasium): "
+        "pip install 'fastper[sb3]'"
+    ) from exc
+
+from .. import buffers as _buffers
+from .. import schedules as _sched
+from .._validation import check_int, check_real
+from ..buffer_state import load as _load_buffer
+from ..buffer_state import read_metadata
+from ..storage import Field
+
+__all__ = [
+    "DictPrioritizedReplayBuffer",
+    "DictPrioritizedReplayBufferSamples",
+    "PrioritizedReplayBuffer",
+    "PrioritizedReplayBufferSamples",
+]
+
+#: fastper buffer class of each ``scheme``
+SCHEMES: dict[str, type[Any]] = {
+    "proportional": _buffers.PrioritizedReplayBuffer,
+    "rank": _buffers.RankBasedReplayBuffer,
+    "uniform": _buffers.ReplayBuffer,
+}
+#: constructor arguments of the fastper buffer that this adapter sets itself
+_RESERVED = ("capacity", "fields", "n_step", "n_envs", "autoreset", "nstep_keys", "storage")
+PathOrFile = str | os.PathLike[str] | io.BufferedIOBase
+
+
+class PrioritizedReplayBufferSamples(NamedTuple):
+    """One minibatch: SB3's ``ReplayBufferSamples`` fields plus what PER needs.
+
+    Attributes:
+        observations: ``(B, *obs_shape)`` tensor, the observation space's dtype
+            (float32 after VecNormalize).
+        actions: ``(B, action_dim)`` tensor (Discrete: int64 ``(B, 1)``).
+        next_observations: as ``observations``.
+        dones: ``(B, 1)`` float32: 1 for a termination, 0 otherwise (a time-limit
+            truncation is 0, so it bootstraps).
+        rewards: ``(B, 1)`` float32 (with ``n_steps > 1``: the discounted n-step return).
+        discounts: ``None`` for one-step buffers; with ``n_steps > 1`` a ``(B, 1)``
+            float32 tensor, ``gamma^m`` for an m-step window (0 after a
+            termination, where ``dones`` is 1 anyway).
+        weights: ``(B, 1)`` float32 importance-sampling weights, largest over
+            the whole buffer = 1 (see fastper's ``weight_norm``).
+        indices: ``(B,)`` int64 numpy array of the slots drawn.
+        keys: ``(B,)`` int64 numpy array: the insertion counter of each slot's
+            occupant; pass it to ``update_priorities`` to drop stale updates.
+    """
+
+    observations: th.Tensor
+    actions: th.Tensor
+    next_observations: th.Tensor
+    dones: th.Tensor
+    rewards: th.Tensor
+    discounts: th.Tensor | None
+    weights: th.Tensor
+    indices: np.ndarray
+    keys: np.ndarray
+
+
+class DictPrioritizedReplayBufferSamples(NamedTuple):
+    """As :class:`PrioritizedReplayBufferSamples`, with ``{key: tensor}`` observations."""
+
+    observations: dict[str, th.Tensor]
+    actions: th.Tensor
+    next_observations: dict[str, th.Tensor]
+    dones: th.Tensor
+    rewards: th.Tensor
+    discounts: th.Tensor | None
+    weights: th.Tensor
+    indices: np.ndarray
+    keys: np.ndarray
+
+
+def _obs_field(space: spaces.Space, shape: tuple[int, ...]) -> Field:
+    return Field(tuple(int(s) for s in shape), np.dtype(space.dtype))
+
+
+def _rows(name: str, value: Any, want: tuple[int, ...]) -> np.ndarray:
+    """``value`` with shape ``want`` = (n_envs, *shape), a view where it can be; else a ValueError."""
+    arr = value if type(value) is np.ndarray else np.asarray(value)
+    if arr.shape == want:
+        return arr
+    if arr.size != math.prod(want):
+        raise ValueError(
+            f"`{name}` must hold n_envs={want[0]} values of shape {want[1:]}, got an array "
+            f"of shape {arr.shape}"
+        )
+    return arr.reshape(want)
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """SB3's ``ReplayBuffer`` API over a fastper prioritized buffer.
+
+    A drop-in ``replay_buffer_class`` for SB3's off-policy algorithms (plain
+    SB3 algorithms then sample by priority but ignore ``weights`` and never
+    update priorities: use :class:`~fastper.compat.sb3.PERDQN`,
+    :class:`~fastper.compat.sb3.PERSAC`, :class:`~fastper.compat.sb3.PERTD3`,
+    or call :meth:`update_priorities` yourself).
+
+    Args:
+        buffer_size: transitions held, all envs together (as in SB3:
+            ``buffer_size // n_envs`` per env, at least 1).
+        observation_space, action_space: the env's spaces (Box, Discrete,
+            MultiDiscrete, MultiBinary; Dict observations:
+            :class:`DictPrioritizedReplayBuffer`).
+        device: torch device of the sampled tensors (``"auto"``: CUDA if present).
+        n_envs: envs per ``add``.
+        optimize_memory_usage: must be False (see Raises).
+        handle_timeout_termination: as in SB3: ``infos[i]["TimeLimit.truncated"]``
+            marks a time-limit truncation, which is stored as not done (it
+            bootstraps); False: every ``done`` is a termination.
+        alpha: priority exponent, number or ``fastper.schedules`` schedule
+            (default: proportional 0.6, rank 0.7).
+        beta: IS exponent. A number (default: proportional 0.4, rank 0.5) is
+            where the PER algorithms start annealing to 1 over ``learn()``; a
+            ``fastper.schedules`` schedule (counted in ``sample`` calls) is
+            used as given and not annealed.
+        eps: added to |td| so that no priority is zero (default 1e-6).
+        clip: optional cap on |td| before ``eps``.
+        scheme: ``"proportional"`` (default), ``"rank"`` or ``"uniform"``
+            (uniform draws, weights 1: SB3's buffer, plus priorities kept).
+        n_steps, gamma: n-step returns, computed as transitions arrive, per
+            env (fastper's per-stream windows; truncations bootstrap,
+            terminations do not). ``n_steps > 1`` adds ``discounts`` to samples.
+        seed: seed of the buffer's generator; ``None`` draws one from numpy's
+            global generator, which SB3 seeds from the algorithm's ``seed``,
+            so seeded runs are reproducible.
+        **fastper_kwargs: passed to the fastper buffer (``max_priority``,
+            ``weight_norm``, ``stratified``, ``priority_noise``,
+            ``sort_every``, ...).
+
+    Costs: ``add`` is O(n_envs log N) (one vectorised fastper add, plus SB3's
+    scan of ``infos`` for time limits); ``sample`` O(B log N) plus the gather
+    and the copy to ``device``; ``update_priorities`` O(B log N). Memory: the
+    stored fields (observations twice, as SB3 without
+    ``optimize_memory_usage``; actions; float32 reward; two bool flags instead
+    of SB3's float32 done and timeout) plus about 18 bytes per slot of
+    priorities and trees (rank-based: see ``fastper.samplers.RankSampler``).
+
+    Raises:
+        ValueError: ``optimize_memory_usage=True``, a Dict observation space
+            (use :class:`DictPrioritizedReplayBuffer`), an unknown ``scheme``,
+            bad fastper arguments.
+        TypeError: an argument this class sets itself (``capacity``,
+            ``fields``, ``n_envs``...) or an unknown keyword.
+    """
+
+    _dict_obs: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        alpha: _sched.ScheduleLike | None = None,
+        beta: _sched.ScheduleLike | None = None,
+        eps: float = 1e-6,
+        clip: float | None = None,
+        scheme: str = "proportional",
+        n_steps: int = 1,
+        gamma: float = 0.99,
+        seed: int | None = None,
+        **fastper_kwargs: Any,
+    ) -> None:
+        if optimize_memory_usage:
+            raise ValueError(
+                "`optimize_memory_usage` must be False for a prioritized buffer, got "
+                "optimize_memory_usage=True: SB3's memory-saving layout reads a "
+                "transition's next observation from the following row, which a buffer "
+                "that samples and overwrites slots one transition at a time cannot "
+                "rely on. Pass optimize_memory_usage=False (next observations are stored)"
+            )
+        is_dict = isinstance(observation_space, spaces.Dict)
+        if is_dict != self._dict_obs:
+            want = "DictPrioritizedReplayBuffer" if is_dict else "PrioritizedReplayBuffer"
+            raise ValueError(
+                f"`observation_space` {observation_space} needs {want}, not {type(self).__name__}"
+            )
+        if scheme not in SCHEMES:
+            raise ValueError(f"`scheme` must be one of {list(SCHEMES)}, got scheme={scheme!r}")
+        reserved = [k for k in _RESERVED if k in fastper_kwargs]
+        if reserved:
+            raise TypeError(
+                f"`{reserved[0]}` is set by {type(self).__name__} from SB3's arguments "
+                "(buffer_size, the spaces, n_envs, n_steps) and cannot be passed"
+            )
+        n_envs = check_int("n_envs", n_envs, minimum=1)
+        n_steps = check_int("n_steps", n_steps, minimum=1)
+        buffer_size = check_int("buffer_size", buffer_size, minimum=1)
+        if n_steps > 1 and is_dict:
+            raise ValueError(
+                f"`n_steps` must be 1 with a Dict observation space, got n_steps={n_steps} "
+                "(as in SB3: n-step windows keep one next-observation field)"
+            )
+        # BaseBuffer's attributes, set here: its __init__ would assign `pos` and
+        # `full`, which this class derives from the fastper ring
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.obs_shape = get_obs_shape(observation_space)  # type: ignore[assignment]
+        self.action_dim = get_action_dim(action_space)
+        self.device = get_device(device)
+        self.n_envs = n_envs
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.n_steps = n_steps
+        self.gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
+
+        # (field suffix, dict key or None, per-row shape) of each observation part
+        obs_shapes: Mapping[str | None, tuple[int, ...]] = (
+            dict(self.obs_shape) if is_dict else {None: tuple(self.obs_shape)}  # type: ignore[arg-type]
+        )
+        self._obs_parts = tuple(
+            ("" if key is None else f".{key}", key, tuple(int(s) for s in shape))
+            for key, shape in obs_shapes.items()
+        )
+        obs_fields = {
+            suffix: _obs_field(
+                observation_space if key is None else observation_space[key],  # type: ignore[index]
+                shape,
+            )
+            for suffix, key, shape in self._obs_parts
+        }
+        action_dtype = self._maybe_cast_dtype(action_space.dtype)
+        fields: dict[str, Field] = {f"obs{s}": f for s, f in obs_fields.items()}
+        fields["action"] = Field((self.action_dim,), np.dtype(action_dtype))
+        fields["reward"] = Field((), np.dtype(np.float32))
+        fields.update({f"next_obs{s}": f for s, f in obs_fields.items()})
+        fields["terminated"] = Field((), np.dtype(np.bool_))
+        fields["truncated"] = Field((), np.dtype(np.bool_))
+        self._fields = fields
+
+        if seed is None:
+            # SB3 seeds numpy's global generator from the algorithm's seed first
+            seed = int(np.random.randint(0, 2**31 - 1))  # noqa: NPY002 - SB3's generator
+        nstep_args: dict[str, Any] = (
+            {"n_step": n_steps, "gamma": self.gamma, "n_envs": n_envs} if n_steps > 1 else {}
+        )
+        self._buffer: Any = SCHEMES[scheme](
+            self.buffer_size * n_envs, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
+            seed=seed, **nstep_args, **fastper_kwargs,
+        )  # fmt: skip
+        schedule = _sched.as_schedule("beta", self._buffer.beta if beta is None else beta)
+        self._beta_start: float | None = (
+            float(schedule(0)) if isinstance(schedule, _sched.Constant) else None
+        )
+        self._beta_now: float | None = None  # set by the PER algorithms (annealing)
+        self._no_timeouts = np.zeros(n_envs, dtype=np.bool_)
+        # what add() checks every row against: (field, next field, dict key, (n_envs, *shape))
+        self._obs_rows = tuple(
+            (f"obs{suffix}", f"next_obs{suffix}", key, (n_envs, *shape))
+            for suffix, key, shape in self._obs_parts
+        )
+        self._action_rows = (n_envs, self.action_dim)
+        self._n_rows = (n_envs,)
+
+    # -- the ring, as SB3 sees it --------------------------------------------------
+    @property
+    def fastper_buffer(self) -> Any:
+        """The fastper buffer behind this one (its ``sample``, ``priorities``, ``save``...)."""
+        return self._buffer
+
+    @property
+    def scheme(self) -> str:
+        """``"proportional"``, ``"rank"`` or ``"uniform"``."""
+        return str(self._buffer.scheme)
+
+    def _cursor(self) -> int:
+        """The next slot written. O(1)."""
+        return self._buffer.cursor
+
+    @property
+    def pos(self) -> int:  # type: ignore[override]  # read-only: derived from the ring
+        """The next row (one slot per env) written: ``cursor // n_envs``, as SB3's ``pos``. O(1).
+
+        One-step buffers write one row per ``add``, exactly as SB3 does; with
+        n-step windows an ``add`` writes the transitions it completes, so
+        ``pos`` follows the stored transitions, not the ``add`` calls.
+        Read-only: the fastper ring is the one source of truth.
+        """
+        return self._cursor() // self.n_envs
+
+    @property
+    def full(self) -> bool:  # type: ignore[override]  # read-only: derived from the ring
+        """Whether every slot holds a transition. O(1). Read-only."""
+        return len(self._buffer) == self._buffer.capacity
+
+    @property
+    def beta(self) -> float:
+        """The IS exponent the next ``sample`` uses; settable (``None``: the buffer's own beta)."""
+        return self._buffer.beta if self._beta_now is None else self._beta_now
+
+    @beta.setter
+    def beta(self, value: float | None) -> None:
+        self._beta_now = None if value is None else check_real("beta", value, minimum=0.0)
+
+    @property
+    def beta_start(self) -> float | None:
+        """The constant beta given (the annealing start), or ``None`` for a beta schedule."""
+        return self._beta_start
+
+    # -- add ------------------------------------------------------------------------
+    def add(
+        self,
+        obs: np.ndarray | dict[str, np.ndarray],
+        next_obs: np.ndarray | dict[str, np.ndarray],
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        """Store one step of every env: ``n_envs`` transitions. O(n_envs log N).
+
+        Arguments as SB3's ``ReplayBuffer.add`` (leading dimension ``n_envs``).
+        A done env whose ``infos[i]["TimeLimit.truncated"]`` is true is stored
+        as truncated, not terminated (with ``handle_timeout_termination``).
+
+        Raises:
+            ValueError, TypeError: arrays of the wrong size or dtype, ``infos``
+                of the wrong length; the buffer is left unchanged.
+        """
+        row: dict[str, np.ndarray] = {}
+        for name, next_name, key, want in self._obs_rows:
+            row[name] = _rows(name, obs if key is None else obs[key], want)
+            row[next_name] = _rows(next_name, next_obs if key is None else next_obs[key], want)
+        n_rows = self._n_rows
+        row["action"] = _rows("action", action, self._action_rows)
+        row["reward"] = _rows("reward", reward, n_rows)
+        done_arr = _rows("done", done, n_rows)
+        if done_arr.dtype != np.bool_:
+            done_arr = done_arr != 0
+        timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
+        row["terminated"] = done_arr & ~timeouts
+        row["truncated"] = done_arr & timeouts
+        self._buffer.add(row)
+
+    def _timeouts(self, infos: list[dict[str, Any]]) -> np.ndarray:
+        if len(infos) != self.n_envs:
+            raise ValueError(
+                f"`infos` must hold one dict per env (n_envs={self.n_envs}), got {len(infos)}"
+            )
+        return np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
+
+    # -- sample ---------------------------------------------------------------------
+    def sample(  # type: ignore[override]
+        self, batch_size: int, env: VecNormalize | None = None
+    ) -> PrioritizedReplayBufferSamples:
+        """Draw ``batch_size`` transitions by priority, with replacement. O(B log N).
+
+        Args:
+            batch_size: number of draws (may exceed the number stored).
+            env: a ``VecNormalize`` to normalise observations and rewards
+                with, exactly as SB3's buffer does (stored ones are raw).
+
+        Returns:
+            :class:`PrioritizedReplayBufferSamples` (Dict buffers:
+            :class:`DictPrioritizedReplayBufferSamples`), tensors on ``device``.
+
+        Raises:
+            fastper.EmptyBufferError: nothing stored yet.
+        """
+        batch = self._buffer.sample(batch_size, beta=self._beta_now)
+        data = batch.data
+        obs = self._observations(data, "obs", env)
+        next_obs = self._observations(data, "next_obs", env)
+        rewards = self._normalize_reward(data["reward"].reshape(-1, 1), env)
+        discounts = None
+        if self.n_steps > 1:
+            discounts = self._tensor(data["discount"].reshape(-1, 1))
+        return self._samples_type()(
+            obs,
+            self._tensor(data["action"]),
+            next_obs,
+            self._tensor(data["terminated"].astype(np.float32).reshape(-1, 1)),
+            self._tensor(rewards),
+            discounts,
+            self._tensor(batch.weights.astype(np.float32).reshape(-1, 1)),
+            batch.indices,
+            batch.keys,
+        )
+
+    @classmethod
+    def _samples_type(cls) -> type[Any]:
+        return (
+            DictPrioritizedReplayBufferSamples if cls._dict_obs else PrioritizedReplayBufferSamples
+        )
+
+    def _tensor(self, array: np.ndarray) -> th.Tensor:
+        # sampled arrays are fresh copies: no second copy on the CPU
+        return th.as_tensor(array, device=self.device)
+
+    def _observations(
+        self, data: Mapping[str, np.ndarray], prefix: str, env: VecNormalize | None
+    ) -> Any:
+        if not self._dict_obs:
+            return self._tensor(np.asarray(self._normalize_obs(data[prefix], env)))
+        raw = {str(key): data[prefix + suffix] for suffix, key, _ in self._obs_parts}
+        normed = self._normalize_obs(raw, env)
+        assert isinstance(normed, dict)
+        return {key: self._tensor(np.asarray(v)) for key, v in normed.items()}
+
+    # -- priorities -----------------------------------------------------------------
+    def update_priorities(self, indices: Any, td_errors: Any, keys: Any = None) -> int:
+        """Set priority ``min(|td|, clip) + eps`` for sampled slots. O(B log N).
+
+        Args:
+            indices: ``samples.indices``.
+            td_errors: one TD error per index (numpy or torch, any device;
+                ``(B,)`` or ``(B, 1)``); only the magnitude is used.
+            keys: ``samples.keys``: updates for slots overwritten since the
+                sample are dropped (counted in ``fastper_buffer.stale_updates``).
+
+        Returns:
+            The number of priorities written.
+
+        Raises:
+            ValueError: lengths differ, a TD error is not finite, bad keys.
+            fastper.InvalidIndexError: an index never written.
+        """
+        return int(self._buffer.update_priorities(_numpy(indices), _numpy(td_errors), _numpy(keys)))
+
+    # -- housekeeping ---------------------------------------------------------------
+    def size(self) -> int:
+        """Rows stored, as SB3's ``size()``: ``buffer_size`` when full, else ``pos``. O(1)."""
+        return self.buffer_size if self.full else self.pos
+
+    def reset(self) -> None:
+        """Drop every transition (and pending n-step window). O(N).
+
+        The generator, the key counter (keys sampled before stay stale) and
+        the largest priority ever recorded are kept.
+        """
+        self._buffer.clear()
+
+    @property
+    def n_pending(self) -> int:
+        """Transitions waiting for their n-step window (0 for one-step buffers). O(1)."""
+        return int(self._buffer.n_pending)
+
+    def drop_pending(self) -> int:
+        """Drop the pending n-step windows of every env; returns how many transitions. O(n_envs).
+
+        For an env reset outside the stream of ``add`` calls (SB3's ``learn``
+        resets the env when it starts): the windows of the cut episodes would
+        otherwise run on into the next episode's steps. Stored transitions are
+        untouched.
+        """
+        return self._buffer.drop_pending()
+
+    def save(self, path: PathOrFile) -> None:
+        """Write the buffer as a fastper checkpoint (pickle-free, checksummed). O(N).
+
+        The file is the fastper buffer's (``fastper.load`` and ``fastper
+        inspect`` read it): rows, priorities, ring, schedules, random state
+        and n-step windows. ``path`` may be a path (parent folders are
+        created) or a writable binary file object.
+        """
+        if isinstance(path, io.IOBase):
+            with tempfile.TemporaryDirectory() as tmp:
+                name = os.path.join(tmp, "replay.fpk")
+                self._buffer.save(name)
+                with open(name, "rb") as f:
+                    shutil.copyfileobj(f, path)
+            return
+        target = pathlib.Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._buffer.save(target)
+
+    def load(self, path: PathOrFile) -> None:
+        """Replace this buffer's contents with a checkpoint written by :meth:`save`. O(N).
+
+        The file brings its rows, priorities, settings (alpha, beta, eps,
+        scheme...), random state and ring; this object keeps its device,
+        ``handle_timeout_termination`` and spaces. The file must hold the
+        same fields (spaces), capacity (``buffer_size`` and ``n_envs``) and
+        ``n_steps``; nothing changes if it does not.
+
+        Raises:
+            ValueError: a file made for other spaces, capacity or n_steps.
+            fastper.CheckpointError: not a fastper checkpoint, or a corrupt one.
+        """
+        if isinstance(path, io.IOBase):
+            with tempfile.TemporaryDirectory() as tmp:
+                name = os.path.join(tmp, "replay.fpk")
+                with open(name, "wb") as f:
+                    shutil.copyfileobj(path, f)
+                self.load(name)
+            return
+        meta = read_metadata(path)
+        state = meta["state"]
+        self._check_compatible(path, state)
+        loaded = _load_buffer(path)
+        beta = state["schedules"]["beta"]
+        self._buffer = loaded
+        self._beta_start = float(beta["value"]) if beta.get("kind") == "constant" else None
+        self._beta_now = None
+
+    def _check_compatible(self, path: PathOrFile, state: Mapping[str, Any]) -> None:
+        settings = state["settings"]
+        nstep = settings.get("nstep")
+        theirs = {
+            "fields": {str(k): v for k, v in settings["fields"]},
+            "capacity": settings["capacity"],
+            # n-step windows are kept per env: their number matters too
+            "n_steps": (1, None) if nstep is None else (nstep.get("n"), nstep.get("n_envs")),
+        }
+        mine = {
+            "fields": {k: f.to_dict() for k, f in self._fields.items()},
+            "capacity": self._buffer.capacity,
+            "n_steps": (1, None) if self.n_steps == 1 else (self.n_steps, self.n_envs),
+        }
+        differ = [k for k in mine if mine[k] != theirs[k]]
+        if differ:
+            raise ValueError(
+                f"replay buffer file {str(path)!r} does not fit this buffer: "
+                + "; ".join(f"{k}={theirs[k]!r} in the file, {mine[k]!r} here" for k in differ)
+                + " (same spaces, buffer_size * n_envs and (n_steps, n_envs) needed)"
+            )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            f"{type(self).__name__} (fastper.compat.sb3) is not picklable: it is saved in "
+            "fastper's pickle-free checkpoint format instead. With PERDQN / PERSAC / PERTD3 "
+            "use model.save_replay_buffer(path) and model.load_replay_buffer(path); with "
+            "another SB3 algorithm fastper.compat.sb3.save_replay_buffer(model, path) and "
+            "load_replay_buffer(model, path); or buffer.save(path) / buffer.load(path)"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(buffer_size={self.buffer_size * self.n_envs}, "
+            f"n_envs={self.n_envs}, scheme={self.scheme!r}, stored={len(self._buffer)})"
+        )
+
+
+class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer, DictReplayBuffer):
+    """SB3's ``DictReplayBuffer`` API over a fastper prioritized buffer.
+
+    As :class:`PrioritizedReplayBuffer`, for ``spaces.Dict`` observations (one
+    stored field per key, ``obs.<key>`` and ``next_obs.<key>``); samples are
+    :class:`DictPrioritizedReplayBufferSamples`. One-step only (``n_steps=1``),
+    as SB3's.
+    """
+
+    _dict_obs: ClassVar[bool] = True
+
+    def sample(  # type: ignore[override]
+        self, batch_size: int, env: VecNormalize | None = None
+    ) -> DictPrioritizedReplayBufferSamples:
+        """Draw ``batch_size`` transitions by priority (see :meth:`PrioritizedReplayBuffer.sample`). O(B log N)."""
+        return super().sample(batch_size, env)  # type: ignore[return-value]
+
+
+def _numpy(value: Any) -> Any:
+    """A torch tensor as a flat numpy array (detached, on the host); others unchanged."""
+    if isinstance(value, th.Tensor):
+        return value.detach().reshape(-1).cpu().numpy()
+    if isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[1] == 1:
+        return value.reshape(-1)
+    return value

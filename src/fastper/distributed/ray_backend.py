@@ -1,0 +1,511 @@
+"""Sharded replay on Ray: shards as Ray actors, reached through :class:`RayTransport`.
+
+Install the extra first: ``pip install 'fastper[ray]'``. Importing this module
+does not import Ray; the first call that needs it does, and says how to
+install it when it is missing.
+
+Pieces:
+
+* :class:`ShardHost`: the actor body, a :class:`~fastper.distributed.Shard`
+  that builds (or loads) its buffer in the process it runs in, so no buffer
+  ever travels through Ray's object serialisation;
+* :class:`RayTransport`: the :class:`~fastper.distributed.Transport` over
+  those actors (one actor method call per ``submit``; ``results`` waits with
+  an optional timeout and maps a gone actor to
+  :class:`~fastper.distributed.ShardLostError`);
+* :func:`ray_shards`, :func:`sharded_on_ray`, :func:`load_on_ray`: start K
+  shard actors (empty, or from a saved set) and the learner's
+  :class:`~fastper.distributed.ShardedReplayBuffer` over them;
+* :class:`~fastper.distributed.ray_router.ShardRouter` (actors insert straight
+  into shards) and :mod:`~fastper.distributed.ray_limiter` (a samples-per-insert
+  rate limiter across processes), re-exported here.
+
+Checkpoints are always fastper files written by the shards themselves (on
+their own machine: give ``save`` a directory every shard can reach, e.g. a
+shared file system). Ray moves call arguments and replies with pickle: run the
+cluster where only you can reach it (see the README's security note).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._validation import check_int, check_real, show
+from ..errors import CheckpointError
+from .ray_limiter import RateLimitedSharded, RateLimiterActor, rate_limiter
+from .ray_router import ShardRouter
+from .shard import Shard
+from .transport import ShardLostError
+
+if TYPE_CHECKING:
+    from .coordinator import ShardedReplayBuffer
+
+__all__ = [
+    "RateLimitedSharded",
+    "RateLimiterActor",
+    "RayTransport",
+    "ShardHost",
+    "ShardRouter",
+    "load_on_ray",
+    "rate_limiter",
+    "ray_shards",
+    "require_ray",
+    "sharded_on_ray",
+    "unwrap_ray_error",
+]
+
+_HINT = "fastper's Ray back end needs Ray: pip install 'fastper[ray]'"
+_PLACEMENTS = ("spread", "local")
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, imported on first use; ImportError with the install hint if missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"{_HINT} (import ray failed: {exc})") from exc
+    return ray
+
+
+# -- the actor body ---------------------------------------------------------------
+class ShardHost(Shard):
+    """A :class:`Shard` that makes its buffer where it runs (the body of a shard actor).
+
+    Made empty (no buffer) and then given one by :meth:`build` or
+    :meth:`reload`, so that a bad setting or a bad checkpoint comes back from
+    an ordinary method call, as the error it is, not as a failed actor.
+    Plain Python: usable without Ray (``ray.remote(ShardHost)`` is the actor).
+    """
+
+    def __init__(self, buffer: Any = None) -> None:
+        if buffer is not None:
+            super().__init__(buffer)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached while ``buffer`` is unset
+        if name == "buffer":
+            raise RuntimeError("this shard has no buffer yet: call build() or reload() first")
+        raise AttributeError(name)
+
+    def build(
+        self, capacity: int, fields: Mapping[str, Any], uniform: bool = False,
+        buffer_kwargs: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Make an empty buffer here (``ReplayBuffer`` if ``uniform`` else ``PrioritizedReplayBuffer``).
+
+        Returns :meth:`describe`. O(capacity) memory, allocated on this process.
+        """
+        from ..buffers import PrioritizedReplayBuffer, ReplayBuffer
+
+        cls = ReplayBuffer if uniform else PrioritizedReplayBuffer
+        Shard.__init__(self, cls(capacity, fields, **dict(buffer_kwargs or {})))
+        return self.describe()
+
+    def reload(self, path: str) -> dict[str, Any]:
+        """Replace this shard's buffer by the one saved at ``path`` (a fastper file). O(N) read.
+
+        Returns :meth:`describe`. Keys continue from the file's insertion
+        counter.
+        """
+        from ..buffer_state import load
+
+        Shard.__init__(self, load(path))
+        return self.describe()
+
+    def priorities(self, slots: Any) -> np.ndarray:
+        """Raw priorities p_i of written slots (for checks and tests). O(B)."""
+        return np.asarray(self.buffer.priorities(slots))
+
+    def node_id(self) -> str:
+        """The Ray node this shard runs on (hex)."""
+        return str(require_ray().get_runtime_context().get_node_id())
+
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _shard_actor_class() -> Any:
+    """``ray.remote(ShardHost)``, made once per process."""
+    if "shard" not in _REMOTE:
+        _REMOTE["shard"] = require_ray().remote(ShardHost)
+    return _REMOTE["shard"]
+
+
+# -- errors --------------------------------------------------------------------------
+def _lost_types(ray: Any) -> tuple[type[BaseException], ...]:
+    """Ray errors meaning the shard's process or machine is gone (not a method's error)."""
+    ex = ray.exceptions
+    # RayActorError covers ActorDiedError and ActorUnavailableError; a reply
+    # whose node died raises ObjectLostError (and its subclasses)
+    return (ex.RayActorError, ex.ObjectLostError, ex.NodeDiedError)
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The error a remote method raised, as itself (a ValueError stays a ValueError).
+
+    Ray wraps a method's exception in ``RayTaskError``; its ``cause`` is the
+    original object (unpickled here). Anything else is returned unchanged.
+    """
+    ray = require_ray()
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayTaskError):
+            if cause.__cause__ is None:
+                cause.__cause__ = exc  # keeps the remote traceback in the chain
+            return cause
+        return exc.as_instanceof_cause()
+    return exc
+
+
+class _Call:
+    """A pending call on one shard: its number and Ray's object ref."""
+
+    __slots__ = ("ref", "shard")
+
+    def __init__(self, shard: int, ref: Any) -> None:
+        self.shard, self.ref = shard, ref
+
+    def __repr__(self) -> str:
+        return f"_Call(shard={self.shard}, ref={self.ref!r})"
+
+
+# -- the transport -----------------------------------------------------------------
+class RayTransport:
+    """The :class:`~fastper.distributed.Transport` over shard actors.
+
+    Args:
+        actors: handles of actors running :class:`ShardHost` (from
+            :func:`ray_shards`), one per shard, in shard order. Actors running a
+            plain ``ray.remote(Shard)`` work too, except for :meth:`restart`
+            and actor-local routing.
+        nodes: the Ray node of each actor (hex ids); asked from the actors
+            (one parallel round trip) when omitted.
+        timeout: seconds :meth:`results` waits for replies; a shard that has
+            not answered by then is treated as lost (``None``: wait for ever).
+        actor_options: Ray options for actors started by :meth:`restart`
+            (e.g. ``{"num_cpus": 1}``).
+
+    Costs: :meth:`submit` sends one message (no wait); :meth:`results` waits
+    for all the calls given at once (they run in parallel on their actors);
+    calls from one caller to one actor run in the order sent.
+    """
+
+    def __init__(
+        self, actors: Sequence[Any], *, nodes: Sequence[str | None] | None = None,
+        timeout: float | None = None, actor_options: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        if not actors:
+            raise ValueError("`actors` must hold at least one shard actor")
+        self._ray = require_ray()
+        self._actors: list[Any] = list(actors)
+        self.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
+        self._options = dict(actor_options or {})
+        if nodes is None:
+            nodes = self._ask_nodes()
+        if len(nodes) != len(self._actors):
+            raise ValueError(
+                f"`nodes` must name one node per actor ({len(self._actors)}), got {len(nodes)}"
+            )
+        self._nodes: list[str | None] = list(nodes)
+
+    def _ask_nodes(self) -> list[str | None]:
+        """Each actor's node, asked in parallel (``None`` for actors without ``node_id``)."""
+        calls: dict[int, _Call] = {}
+        for s, a in enumerate(self._actors):
+            try:
+                calls[s] = _Call(s, a.node_id.remote())
+            except AttributeError:  # a plain Shard actor: node unknown
+                pass
+        got = dict(zip(calls, self.results(list(calls.values())), strict=True))
+        return [got.get(s) for s in range(len(self._actors))]
+
+    @property
+    def n_shards(self) -> int:
+        """Number of shards, lost ones included."""
+        return len(self._actors)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The shard actors' handles, in shard order (a restarted shard's new one)."""
+        return list(self._actors)
+
+    @property
+    def nodes(self) -> list[str | None]:
+        """The Ray node of each shard (hex; ``None`` where unknown)."""
+        return list(self._nodes)
+
+    def submit(self, shard: int, method: str, *args: Any, **kwargs: Any) -> _Call:
+        """Send ``shard.method(*args, **kwargs)`` to its actor; returns at once."""
+        return _Call(shard, getattr(self._actors[shard], method).remote(*args, **kwargs))
+
+    def results(self, pending: Sequence[Any]) -> list[Any]:
+        """Wait for the calls; their results in order, or the first error (in call order).
+
+        A gone actor (or node) raises :class:`ShardLostError`, as does a shard
+        that has not answered within :attr:`timeout`; an error raised by the
+        shard's method is raised as itself. One wait for all the calls.
+        """
+        if not pending:
+            return []
+        ray = self._ray
+        refs = [p.ref for p in pending]
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            return list(ray.get(refs, timeout=self.timeout))
+        except Exception:  # noqa: BLE001 - sorted out per call below, in call order
+            pass
+        ray.wait(refs, num_returns=len(refs), timeout=_left(deadline), fetch_local=False)
+        out = []
+        for p in pending:
+            out.append(self._one(p, deadline))
+        return out
+
+    def _one(self, p: _Call, deadline: float | None) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(p.ref, timeout=_left(deadline))
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ShardLostError(
+                p.shard, f"no reply within timeout={self.timeout:g} s (treated as lost)"
+            ) from exc
+        except _lost_types(ray) as exc:
+            raise ShardLostError(p.shard, f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        except ray.exceptions.RayTaskError as exc:
+            raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
+
+    def restart(self, shard: int, checkpoint: str) -> None:
+        """Replace ``shard`` by a new actor loaded from ``checkpoint``; waits until it is up.
+
+        The old actor is killed (it may be alive but unresponsive). The new
+        one goes to the old one's node if that node is still there (a soft
+        affinity), else anywhere; the file must be readable there. One round
+        trip once the new process is up (load, then its node).
+
+        Raises:
+            ShardLostError: the new actor died while starting.
+            CheckpointError (or what loading raises): a bad checkpoint file.
+        """
+        self.kill(shard)
+        node = self._nodes[shard]
+        opts = dict(self._options)
+        if node is not None and "scheduling_strategy" not in opts:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        actor = _shard_actor_class().options(**opts).remote()
+        self._actors[shard] = actor
+        loaded = _Call(shard, actor.reload.remote(str(checkpoint)))
+        where = _Call(shard, actor.node_id.remote())  # runs after the load, on the same actor
+        self._nodes[shard] = self.results([loaded, where])[1]
+
+    def kill(self, shard: int) -> None:
+        """Kill ``shard``'s actor now (drills, tests, or a stuck shard); its data is gone."""
+        try:
+            self._ray.kill(self._actors[shard], no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
+
+    def close(self) -> None:
+        """Kill every shard actor (their data is gone; save first)."""
+        for s in range(self.n_shards):
+            self.kill(s)
+
+    def router(self, **kwargs: Any) -> ShardRouter:
+        """A :class:`~fastper.distributed.ray_router.ShardRouter` over these shards.
+
+        Keyword arguments go to the router. One round trip (the field spec).
+        """
+        for s in range(self.n_shards - 1):  # the first shard that answers
+            try:
+                info = self.results([self.submit(s, "describe")])[0]
+                break
+            except ShardLostError:
+                continue
+        else:  # the last one, or its ShardLostError
+            info = self.results([self.submit(self.n_shards - 1, "describe")])[0]
+        return ShardRouter(self.actors, self.nodes, fields=info["fields"], **kwargs)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- starting shards -----------------------------------------------------------------
+def _actor_options(
+    placement: str, num_cpus: float, actor_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    if placement not in _PLACEMENTS:
+        raise ValueError(f"`placement` must be one of {list(_PLACEMENTS)}, got {placement!r}")
+    ncpu = check_real("num_cpus", num_cpus, minimum=0.0)
+    ray = require_ray()
+    opts: dict[str, Any] = {"num_cpus": ncpu, "max_restarts": 0}
+    if placement == "spread":
+        opts["scheduling_strategy"] = "SPREAD"
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
+    opts.update(actor_options or {})
+    return opts
+
+
+def _start(n: int, opts: Mapping[str, Any]) -> list[Any]:
+    require_ray()
+    cls = _shard_actor_class()
+    return [cls.options(**opts).remote() for _ in range(n)]
+
+
+def ray_shards(
+    n_shards: int,
+    capacity: int | Sequence[int],
+    fields: Mapping[str, Any],
+    *,
+    uniform: bool = False,
+    buffer_kwargs: Mapping[str, Any] | None = None,
+    placement: str = "spread",
+    num_cpus: float = 1.0,
+    timeout: float | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+) -> RayTransport:
+    """Start ``n_shards`` shard actors, each building its own empty buffer; their transport.
+
+    Args:
+        n_shards: K >= 1.
+        capacity: slots per shard, one number for all or one per shard.
+        fields: the field spec (as for the buffers).
+        uniform: ``ReplayBuffer`` shards instead of ``PrioritizedReplayBuffer``.
+        buffer_kwargs: for every shard's buffer (alpha, eps, clip, n_step, ...);
+            shard ``s`` gets ``seed=s`` unless a seed is given (shards draw no
+            random numbers when sampled through a coordinator).
+        placement: ``"spread"`` (Ray's SPREAD strategy: over the cluster's
+            nodes) or ``"local"`` (all on this node).
+        num_cpus: CPUs Ray reserves for each shard actor (0 on a small test
+            machine; a shard that serves a learner is busy, so 1 by default).
+        timeout: reply timeout of the transport (see :class:`RayTransport`);
+            the start itself waits without one.
+        actor_options: more Ray actor options (override the ones above).
+
+    Raises:
+        ImportError: Ray is not installed.
+        ValueError / TypeError: bad arguments, or settings a buffer refuses
+            (raised by the shard, as itself); the actors started are killed.
+
+    Starts K processes and waits for them: one parallel round trip after the
+    actors are up (seconds: each is a new Python process importing fastper).
+    """
+    n = check_int("n_shards", n_shards, minimum=1)
+    if isinstance(capacity, Sequence):
+        caps = [check_int("capacity", c, minimum=1) for c in capacity]
+        if len(caps) != n:
+            raise ValueError(
+                f"`capacity` must be one number or one per shard ({n}), got {len(caps)} numbers"
+            )
+    else:
+        caps = [check_int("capacity", capacity, minimum=1)] * n
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"`fields` must be a mapping of field specs, got fields={show(fields)}")
+    opts = _actor_options(placement, num_cpus, actor_options)
+    actors = _start(n, opts)
+    t = RayTransport(actors, nodes=[None] * n, actor_options=opts)
+    bk = dict(buffer_kwargs or {})
+    try:
+        t.results(
+            [t.submit(s, "build", caps[s], dict(fields), bool(uniform), {"seed": s, **bk})
+             for s in range(n)]
+        )  # fmt: skip
+        t._nodes = t._ask_nodes()  # noqa: SLF001 - filled in once the actors are up
+    except BaseException:
+        t.close()
+        raise
+    t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
+    return t
+
+
+def sharded_on_ray(
+    n_shards: int,
+    capacity: int | Sequence[int],
+    fields: Mapping[str, Any],
+    *,
+    uniform: bool = False,
+    buffer_kwargs: Mapping[str, Any] | None = None,
+    placement: str = "spread",
+    num_cpus: float = 1.0,
+    timeout: float | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> ShardedReplayBuffer:
+    """A :class:`~fastper.distributed.ShardedReplayBuffer` over new Ray shard actors.
+
+    The shard arguments are :func:`ray_shards`'s; ``kwargs`` (beta,
+    weight_norm, on_shard_loss, seed, ...) go to the sharded buffer. To
+    hand routers to actors, or kill a shard in a drill, keep the transport:
+    ``t = ray_shards(...); buf = ShardedReplayBuffer(t, ...); router = t.router()``.
+    """
+    from .coordinator import ShardedReplayBuffer
+
+    t = ray_shards(
+        n_shards, capacity, fields, uniform=uniform, buffer_kwargs=buffer_kwargs,
+        placement=placement, num_cpus=num_cpus, timeout=timeout, actor_options=actor_options,
+    )  # fmt: skip
+    try:
+        return ShardedReplayBuffer(t, **kwargs)
+    except BaseException:
+        t.close()
+        raise
+
+
+def load_on_ray(
+    directory: str | Path,
+    *,
+    placement: str = "spread",
+    num_cpus: float = 1.0,
+    timeout: float | None = None,
+    actor_options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> ShardedReplayBuffer:
+    """A sharded buffer on new Ray shard actors from a set saved by ``ShardedReplayBuffer.save``.
+
+    Each actor reads its own ``shard-<s>.fpk`` (fastper's pickle-free format:
+    the directory must be readable where the actors run); the coordinator's
+    generator and step come from the manifest, so sampling continues with
+    the draws the saved buffer would have made. ``kwargs`` go to
+    :class:`~fastper.distributed.ShardedReplayBuffer` (beta, weight_norm,
+    on_shard_loss, ...; its seed is replaced by the saved generator).
+
+    Raises:
+        CheckpointError: no manifest, missing files, or a set saved with shards
+            already lost.
+    """
+    from .coordinator import ShardedReplayBuffer
+
+    d = Path(directory).absolute()
+    m = ShardedReplayBuffer.read_manifest(d)
+    n = len(m["capacities"])
+    missing = sorted(set(map(str, range(n))) - set(m["shards"]))
+    if missing:
+        raise CheckpointError(
+            f"the set in {str(d)!r} lacks shards {missing} (lost before it was saved)"
+        )
+    opts = _actor_options(placement, num_cpus, actor_options)
+    t = RayTransport(_start(n, opts), nodes=[None] * n, actor_options=opts)
+    try:
+        t.results([t.submit(s, "reload", str(d / m["shards"][str(s)]["file"])) for s in range(n)])
+        t._nodes = t._ask_nodes()  # noqa: SLF001
+        t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
+        out = ShardedReplayBuffer(t, **kwargs)
+        out.restore_state(d)
+    except BaseException:
+        t.close()
+        raise
+    return out

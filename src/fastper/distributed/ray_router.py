@@ -1,0 +1,310 @@
+"""Actors insert straight into the shards: :class:`ShardRouter` (Ray).
+
+The learner's :class:`~fastper.distributed.ShardedReplayBuffer` need not see
+the data actors produce: each actor holds a router (made by
+``RayTransport.router()``, pickled into the actor like any argument) that
+sends its batches to a shard and keeps a few in flight. The coordinator
+learns the new totals from the shards' next replies (the probabilities it
+returns are always the ones actually used; see :mod:`.plan`).
+
+Placement (``placement=``):
+
+* ``"local"`` (default): a shard on the actor's own Ray node, so the batch
+  never crosses the network; among several (or none: then among all), the
+  one the actor's key picks by rendezvous hashing, so each actor's stream
+  stays on one shard and the actors spread over the shards;
+* ``"key"``: the shard the key picks by rendezvous hashing over all shards
+  (the same key always lands on the same shard, wherever the actor runs).
+
+The key is the router's ``key`` (default: the id of the Ray actor using it,
+else of the worker process), or a key given to :meth:`ShardRouter.add`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_int, check_real
+from .plan import rendezvous
+from .transport import ShardLostError
+
+__all__ = ["ShardRouter", "count_rows"]
+
+_PLACEMENTS = ("local", "key")
+
+
+def count_rows(fields: Mapping[str, Any], transition: Mapping[str, Any]) -> int:
+    """Rows in ``transition``: B for a batch (one leading dimension more than the field), else 1.
+
+    ``fields`` maps names to ``(shape, dtype)`` (a shard's ``describe()["fields"]``). O(fields).
+    """
+    for name, value in transition.items():
+        spec = fields.get(name)
+        if spec is None:
+            continue
+        shape = tuple(np.shape(value))
+        return int(shape[0]) if len(shape) == len(tuple(spec[0])) + 1 else 1
+    return 1
+
+
+class ShardRouter:
+    """Batched, asynchronous inserts from one actor into the shards; picklable.
+
+    Args:
+        actors: the shard actors' handles in shard order (``transport.actors``).
+        nodes: each shard's Ray node (hex), ``None`` where unknown.
+        fields: the field spec, to count the rows of a batch (``transport.router()``
+            fills it in).
+        placement: ``"local"`` or ``"key"`` (see the module docstring).
+        key: this router's key (default: the Ray actor id where it is used).
+        max_in_flight: inserts sent and not yet answered, at most (>= 1); the
+            next :meth:`add` waits for the oldest. More hides more latency,
+            and holds more batches in memory.
+        limiter: a rate limiter actor (:func:`~fastper.distributed.ray_limiter.rate_limiter`)
+            to ask before every insert, or ``None``.
+        limiter_timeout: seconds an insert may wait for the limiter
+            (``None``: for ever); then :class:`~fastper.limiter.RateLimitTimeout`.
+
+    Costs per :meth:`add`: one message to the shard (not awaited) and a
+    non-blocking check of the replies in flight; with a limiter one round
+    trip to it before sending (it blocks while the actors are ahead; replies
+    that come in meanwhile are taken in and reported to it) and one message
+    after the shard answers. :meth:`flush` waits for all in flight.
+
+    A shard that is gone (its reply says so) is dropped from this router's
+    placement: later inserts go to the others (rendezvous moves only the keys
+    it held), the rows in flight to it are counted in :attr:`dropped` and a
+    :class:`~fastper.distributed.ShardLostWarning` is issued. A shard restored
+    by the learner is a new actor: hand the actors a new ``transport.router()``.
+    Errors a shard raises for a batch (bad fields, ...) come back on a later
+    ``add`` or ``flush``, as themselves.
+    """
+
+    def __init__(
+        self,
+        actors: Sequence[Any],
+        nodes: Sequence[str | None],
+        *,
+        fields: Mapping[str, Any],
+        placement: str = "local",
+        key: Any = None,
+        max_in_flight: int = 4,
+        limiter: Any = None,
+        limiter_timeout: float | None = None,
+    ) -> None:
+        if not actors:
+            raise ValueError("`actors` must hold at least one shard actor")
+        if len(nodes) != len(actors):
+            raise ValueError(
+                f"`nodes` must name one node per actor ({len(actors)}), got {len(nodes)}"
+            )
+        if placement not in _PLACEMENTS:
+            raise ValueError(f"`placement` must be one of {list(_PLACEMENTS)}, got {placement!r}")
+        self._actors = list(actors)
+        self._nodes = list(nodes)
+        self._fields = {k: (tuple(v[0]), v[1]) for k, v in fields.items()}
+        self.placement = placement
+        self.key = key
+        self.max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
+        self.limiter = limiter
+        self.limiter_timeout = (
+            None if limiter_timeout is None else check_real("limiter_timeout", limiter_timeout, minimum=0.0)
+        )  # fmt: skip
+        self._lost: set[int] = set()
+        self._pending: list[tuple[int, Any, int]] = []  # (shard, ref, rows)
+        self._settles: list[Any] = []  # the limiter's acknowledgements, not awaited
+        self.inserted = 0
+        self.dropped = 0
+        self._here: str | None = None
+        self._own_key: Any = None
+
+    # -- pickling: handles and settings travel, what is in flight does not ---------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_pending=[], _settles=[], _here=None, _own_key=None, inserted=0, dropped=0)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- placement -------------------------------------------------------------------
+    @property
+    def n_shards(self) -> int:
+        """Shards this router knows (lost ones included)."""
+        return len(self._actors)
+
+    @property
+    def lost_shards(self) -> list[int]:
+        """Shards this router saw gone and no longer sends to."""
+        return sorted(self._lost)
+
+    @property
+    def in_flight(self) -> int:
+        """Inserts sent and not yet answered."""
+        return len(self._pending)
+
+    def _my_key(self) -> Any:
+        if self.key is not None:
+            return self.key
+        if self._own_key is None:
+            from .ray_backend import require_ray
+
+            ctx = require_ray().get_runtime_context()
+            self._own_key = ctx.get_actor_id() or ctx.get_worker_id()
+        return self._own_key
+
+    def _my_node(self) -> str:
+        if self._here is None:
+            from .ray_backend import require_ray
+
+            self._here = str(require_ray().get_runtime_context().get_node_id())
+        return self._here
+
+    def shard_for(self, key: Any = None) -> int:
+        """The shard an insert with ``key`` (default: the router's key) goes to. O(K).
+
+        Raises:
+            ShardLostError: every shard is lost.
+        """
+        live = [s for s in range(len(self._actors)) if s not in self._lost]
+        if not live:
+            raise ShardLostError(max(self._lost), "every shard this router knows is lost")
+        k = self._my_key() if key is None else key
+        if self.placement == "local":
+            here = self._my_node()
+            near = [s for s in live if self._nodes[s] == here]
+            return rendezvous(k, near or live)
+        return rendezvous(k, live)
+
+    # -- inserts ---------------------------------------------------------------------
+    def add(
+        self, transition: Mapping[str, Any], *, key: Any = None, env_ids: Any = None,
+        priorities: Any = None,
+    ) -> int:  # fmt: skip
+        """Send one transition or a batch to its shard; returns the shard. Does not wait for it.
+
+        With a limiter, first waits until it admits the batch's rows.
+
+        Raises:
+            RateLimitTimeout: the limiter kept the insert waiting past
+                ``limiter_timeout`` (nothing was sent).
+            ShardLostError: every shard is lost.
+            Whatever a shard raised for an earlier batch of this router.
+        """
+        rows = count_rows(self._fields, transition)
+        self._collect(block=False)
+        while len(self._pending) >= self.max_in_flight:
+            self._collect(block=True, oldest_only=True)
+        s = self.shard_for(key)
+        if self.limiter is not None:
+            self._admit(rows)
+        actor = self._actors[s]
+        if priorities is None:
+            ref = actor.add.remote(transition, env_ids)
+        else:
+            ref = actor.add.remote(transition, env_ids, priorities)
+        self._pending.append((s, ref, rows))
+        return s
+
+    def _admit(self, rows: int) -> None:
+        """Wait for the limiter to admit ``rows``, settling answered inserts meanwhile.
+
+        The limiter counts only settled inserts for the learner's side; if this
+        router stopped settling while it waited, rows already in the shards
+        could hold the learner back while the learner holds this router back.
+        """
+        from .ray_backend import require_ray
+        from .ray_limiter import call_limiter
+
+        ray = require_ray()
+        ref = self.limiter.await_insert.remote(rows, self.limiter_timeout)
+        try:
+            while self._pending:
+                ready, _ = ray.wait([ref, *(p[1] for p in self._pending)], num_returns=1)
+                if any(r.hex() == ref.hex() for r in ready):
+                    break
+                self._collect(block=False)
+        except BaseException:
+            try:  # an earlier batch failed: once admitted, give this one back
+                call_limiter(ref)
+                call_limiter(self.limiter.settle_insert.remote(0, rows))
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
+            raise
+        call_limiter(ref)
+
+    def flush(self) -> int:
+        """Wait for every insert in flight (and the limiter's count of them); rows confirmed so far.
+
+        Returns :attr:`inserted`, the rows the shards confirmed since this
+        router was made (or unpickled).
+        """
+        while self._pending:
+            self._collect(block=True, oldest_only=False)
+        if self._settles:
+            from .ray_limiter import call_limiter
+
+            settles, self._settles = self._settles, []
+            for ref in settles:
+                call_limiter(ref)
+        return self.inserted
+
+    def _collect(self, *, block: bool, oldest_only: bool = False) -> None:
+        """Take in answered inserts (all that are done; or wait for the oldest / all)."""
+        if not self._pending:
+            return
+        from .ray_backend import _lost_types, require_ray, unwrap_ray_error
+
+        ray = require_ray()
+        refs = [p[1] for p in self._pending]
+        if block and oldest_only:
+            ray.wait(refs[:1], num_returns=1)
+        elif block:
+            ray.wait(refs, num_returns=len(refs))
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        done = {r.hex() for r in ready}
+        keep = []
+        first_error: BaseException | None = None
+        landed = failed = 0
+        for s, ref, rows in self._pending:
+            if ref.hex() not in done:
+                keep.append((s, ref, rows))
+                continue
+            try:
+                ray.get(ref)
+                landed += rows
+            except _lost_types(ray) as exc:
+                failed += rows
+                self.dropped += rows
+                if s not in self._lost:
+                    self._lost.add(s)
+                    from .coordinator import ShardLostWarning
+
+                    warnings.warn(
+                        f"shard {s} is lost ({type(exc).__name__}); this router sends to the "
+                        f"{len(self._actors) - len(self._lost)} others from now on",
+                        ShardLostWarning, stacklevel=3,
+                    )  # fmt: skip
+            except ray.exceptions.RayTaskError as exc:
+                failed += rows
+                if first_error is None:
+                    first_error = unwrap_ray_error(exc)
+        self._pending = keep
+        self.inserted += landed
+        if self.limiter is not None and (landed or failed):
+            self._settles.append(self.limiter.settle_insert.remote(landed, failed))
+            if len(self._settles) > 64:  # forget those already done
+                n = len(self._settles)
+                _, self._settles = ray.wait(self._settles, num_returns=n, timeout=0)
+        if first_error is not None:
+            raise first_error
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardRouter(shards={len(self._actors)}, placement={self.placement!r}, "
+            f"key={self.key!r}, in_flight={len(self._pending)}, lost={sorted(self._lost)})"
+        )
