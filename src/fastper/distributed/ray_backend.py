@@ -28,7 +28,9 @@ cluster where only you can reach it (see the README's security note).
 
 from __future__ import annotations
 
+import inspect
 import time
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,10 +131,31 @@ class ShardHost(Shard):
 _REMOTE: dict[str, Any] = {}
 
 
+def _copied(fn: Any) -> Any:
+    """A copy of function ``fn`` (same code, globals, defaults, closure and doc)."""
+    out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                             fn.__closure__)  # fmt: skip
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__doc__, out.__qualname__, out.__module__ = fn.__doc__, fn.__qualname__, fn.__module__
+    out.__annotations__ = dict(fn.__annotations__)
+    return out
+
+
 def _shard_actor_class() -> Any:
-    """``ray.remote(ShardHost)``, made once per process."""
+    """``ray.remote`` of a subclass of :class:`ShardHost`, made once per process.
+
+    Ray edits the methods of the class it makes an actor of in place (it adds
+    a tracing argument to their signatures); the subclass holds copies of
+    every method, so ``Shard`` and ``ShardHost`` in this process stay as written.
+    """
     if "shard" not in _REMOTE:
-        _REMOTE["shard"] = require_ray().remote(ShardHost)
+        methods: dict[str, Any] = {}
+        for klass in reversed(ShardHost.__mro__[:-1]):  # Shard's, then ShardHost's own
+            for name, attr in vars(klass).items():
+                if inspect.isfunction(attr):
+                    methods[name] = _copied(attr)
+        actor_cls = type("ShardActor", (ShardHost,), methods)
+        _REMOTE["shard"] = require_ray().remote(actor_cls)
     return _REMOTE["shard"]
 
 
