@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Main job (a demo of a few minutes on 2 cores): install fastper with the agents
+# Main job (a demo of 5-10 minutes on 2 cores): install fastper with the agents
 # extra into ./.venv (first run only), train Double DQN on CartPole-v1 with
 # prioritized and with uniform replay (2 seeds each, 2 processes), then print
 # the comparison and write the learning-curve plot to runs/demo/curve.png.
