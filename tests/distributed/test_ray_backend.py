@@ -316,7 +316,7 @@ def test_loss_policy_raise_changes_nothing_and_a_restart_brings_it_back(pool, tm
     s.sample(8)
     s.save(tmp_path)
     state, views = s._rng.bit_generator.state, s.views()  # noqa: SLF001
-    ray.kill(t.actors[1])
+    kill_and_wait(t.actors[1])
     with pytest.raises(ShardLostError, match="shard 1 is lost"):
         s.sample(64)
     assert s._rng.bit_generator.state == state and s.step == 1  # noqa: SLF001
@@ -327,13 +327,27 @@ def test_loss_policy_raise_changes_nothing_and_a_restart_brings_it_back(pool, tm
     assert set((b.indices // 50).tolist()) == {0, 1, 2}
 
 
+def kill_and_wait(actor) -> None:
+    """``ray.kill`` and wait until the actor is gone: the kill is asynchronous, and a
+    call sent right after it can still be answered."""
+    ray.kill(actor)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.view.remote(), timeout=5.0)
+        except Exception:  # noqa: BLE001 - any failure: the actor no longer answers
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers after 30 s")
+
+
 def test_loss_policy_restore_reloads_the_last_checkpoint(pool, tmp_path) -> None:
     t = pool.shards([prioritized_cap(10, 50, s) for s in range(3)])
     s = ShardedReplayBuffer(t, on_shard_loss="restore", seed=3)
     s.save(tmp_path)
     s.add(rows(np.arange(5.0), 1), shard=1)  # not in the checkpoint
     old = t.actors[1]
-    ray.kill(old)
+    kill_and_wait(old)
     with pytest.warns(ShardLostWarning, match="shard 1 was lost and restored"):
         b = s.sample(600)
     pool.adopt(t)
@@ -346,7 +360,7 @@ def test_loss_policy_restore_reloads_the_last_checkpoint(pool, tmp_path) -> None
 def test_loss_policy_continue_samples_exactly_over_the_survivors(pool) -> None:
     t = pool.shards([prioritized_cap(10, 50, s) for s in range(3)])
     s = ShardedReplayBuffer(t, on_shard_loss="continue", seed=3)
-    ray.kill(t.actors[1])
+    kill_and_wait(t.actors[1])
     with pytest.warns(ShardLostWarning, match="shard 1 was lost"):
         b = s.sample(3000)
     assert s.lost_shards == [1] and len(s) == 20
