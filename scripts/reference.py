@@ -34,6 +34,9 @@ PUBLIC: dict[str, list[str] | None] = {
     "fastper.compat.sb3": None,
     "fastper.limiter": None,
     "fastper.distributed": None,
+    "fastper.frames": ["FrameStore", "default_frame_capacity"],
+    "fastper.disk": None,
+    "fastper.tiers": None,
 }
 
 

@@ -11,18 +11,22 @@
 
 from __future__ import annotations
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
-from . import schedules
+from . import disk, schedules
 from .buffer_state import from_state_dict, load, read_metadata
 from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, SampleBatch
+from .disk import DiskStorage, RecoveryReport
 from .errors import (
     CapacityWarning,
     CheckpointError,
+    DiskBufferError,
+    DiskFullError,
     EmptyBufferError,
     FastPERError,
     FieldTypeError,
     InvalidIndexError,
+    RecoveryWarning,
     ScheduleNotSerializableError,
     ZeroPriorityError,
 )
@@ -33,6 +37,9 @@ from .trees import MinTree, SumTree
 __all__ = [
     "CapacityWarning",
     "CheckpointError",
+    "DiskBufferError",
+    "DiskFullError",
+    "DiskStorage",
     "EmptyBufferError",
     "FastPERError",
     "Field",
@@ -43,6 +50,8 @@ __all__ = [
     "RankBasedReplayBuffer",
     "RateLimitedBuffer",
     "RateLimiter",
+    "RecoveryReport",
+    "RecoveryWarning",
     "ReplayBuffer",
     "ReplayStorage",
     "SampleBatch",
@@ -51,6 +60,7 @@ __all__ = [
     "SumTree",
     "ZeroPriorityError",
     "__version__",
+    "disk",
     "from_state_dict",
     "load",
     "read_metadata",

@@ -56,6 +56,8 @@ class BufferCore:
     _step: int
     _writer: RingWriter
     _storage: ReplayStorage
+    _frames: Any = None  # a FrameStore on host buffers built with frame_stack
+    _zeroed_to: int = 0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Python would name the private ``_Buffer.__init__`` for a misspelt keyword

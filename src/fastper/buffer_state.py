@@ -17,6 +17,7 @@ Rows an ``add`` overwrites before they were written are first copied aside
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -180,6 +181,11 @@ class StateMixin(BufferCore):
         Raises:
             ValueError, TypeError: an unknown scheme, a uniform buffer, bad options.
         """
+        if scheme == "rank" and getattr(self, "_frames", None) is not None:
+            raise ValueError(
+                "`switch_scheme('rank')` is not available with frame stacks: transitions "
+                "made invalid by the frame ring would keep a rank (use 'proportional')"
+            )
         if self.kind == "uniform":
             raise ValueError(
                 "`switch_scheme` needs a prioritized buffer, got a ReplayBuffer (uniform)"
@@ -248,6 +254,7 @@ class StateMixin(BufferCore):
             "sampler": self._sampler.state_dict(n, out=priorities_out),
             "storage": storage_state,
             "nstep": None if self._nstep is None else self._nstep.state_dict(),
+            **({} if self._frames is None else {"frames": self._frames.state_dict()}),
         }
 
     @locked
@@ -310,7 +317,7 @@ class StateMixin(BufferCore):
         for name in (
             "_writer", "_sampler", "_scheme", "_scheme_options", "_pending_switch", "_nstep",
             "_alpha_schedule", "_beta_schedule", "_noise_schedule", "_step", "_max_seen",
-            "_stale_updates", "_rng", "_current_max",
+            "_stale_updates", "_rng", "_current_max", "_frames", "_zeroed_to",
         ):  # fmt: skip
             setattr(self, name, getattr(other, name))
         self._storage = storage
@@ -327,7 +334,9 @@ class StateMixin(BufferCore):
 
     def _load(self, state: Mapping[str, Any], alpha: Any, beta: Any) -> None:
         """Check ``state`` part by part, then apply it: only for a new buffer (see load_state_dict)."""
-        _exact_keys("state", state, _STATE_KEYS)
+        _exact_keys("state", state, _STATE_KEYS + (("frames",) if "frames" in state else ()))
+        if ("frames" in state) != (self._frames is not None):
+            raise ValueError("the frame state does not match the frame_stack settings")
         buf = state["buffer"]
         sch = state["schedules"]
         _exact_keys("buffer", buf, _BUFFER_KEYS)
@@ -385,6 +394,9 @@ class StateMixin(BufferCore):
         if self._nstep is not None and nstep_state is not None:
             self._nstep.load_state_dict(nstep_state)
         sampler.load_state_dict(sampler_state, n)
+        if self._frames is not None:
+            self._frames.load_state_dict(state["frames"])
+            self._zeroed_to = min(self._frames.valid_from, writer.added)
         self._sampler = sampler
         self._scheme, self._scheme_options = scheme, options
         self._pending_switch = pending_switch
@@ -421,17 +433,27 @@ class StateMixin(BufferCore):
                             "takes the callable)"
                         )
                 n = len(self)
-                guard = _SaveGuard(self._storage, n)
-                storage_state = {
-                    f"columns/{name}": _ckpt.LazyArray(
-                        f.dtype, (n, *f.shape), functools.partial(self._read_rows, guard, name)
-                    )
-                    for name, f in self._storage.fields.items()
-                }
+                # a storage whose rows are durable already (fastper.disk) stands for
+                # them by reference: nothing to copy, nothing to keep aside
+                reference = getattr(self._storage, "reference_state", None)
+                guard = _SaveGuard(self._storage, 0 if reference is not None else n)
+                storage_state = (
+                    reference(n, self._writer.cursor)
+                    if reference is not None
+                    else {
+                        f"columns/{name}": _ckpt.LazyArray(
+                            f.dtype, (n, *f.shape), functools.partial(self._read_rows, guard, name)
+                        )
+                        for name, f in self._storage.fields.items()
+                    }
+                )
                 state = self._state_dict(storage_state, priorities_out=out)
                 self._guards.append(guard)
             try:
-                _ckpt.write_state(path, state)
+                # frames are not streamed through a guard: a frame buffer holds its
+                # lock while it writes (adds wait for the save)
+                with self._lock if self._frames is not None else contextlib.nullcontext():
+                    _ckpt.write_state(path, state)
             finally:
                 with self._lock:
                     self._guards.remove(guard)
@@ -573,7 +595,9 @@ def load(
     the samples the original would have drawn. The file is read once, rows and
     priorities straight into the new buffer: memory peaks at about the loaded
     buffer's own size. Files of every earlier format version load (format 1:
-    fastper 0.1.0; see :func:`fastper.checkpoint.upgrade_v1`).
+    fastper 0.1.0; see :func:`fastper.checkpoint.upgrade_v1`). A checkpoint
+    of a disk buffer holds no rows: its directory is reopened, rows added
+    after the checkpoint re-admitted (:func:`fastper.disk.load_checkpoint`).
 
     Args:
         path: checkpoint file.
@@ -586,6 +610,10 @@ def load(
         ScheduleNotSerializableError: a custom schedule was saved and none
             was given.
     """
+    if _is_disk_reference(path):  # a disk buffer's checkpoint: reopen its directory
+        from .disk import load_checkpoint
+
+        return load_checkpoint(path, alpha=alpha, beta=beta)
     made: list[Any] = []
 
     def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -594,7 +622,18 @@ def load(
         n = state["writer"]["size"]
         if not (isinstance(n, int) and 0 <= n <= buf.capacity):
             return {}
-        return buf.state_targets(n)
+        out = buf.state_targets(n)
+        frames = buf._frames
+        fstate = state.get("frames")
+        if frames is not None and isinstance(fstate, dict):  # frames straight into the ring
+            added = fstate.get("added")
+            if isinstance(added, int) and added >= 0:
+                m = min(added, frames.capacity)
+                out.update({
+                    "frames/frames": frames.frames[:m], "frames/prev": frames.prev[:m],
+                    "frames/last_ref": frames.last_ref[:m],
+                })  # fmt: skip
+        return out
 
     try:
         state, _ = _ckpt.read_state(path, targets)
@@ -605,6 +644,15 @@ def load(
     except _CONTENT_ERRORS as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
     return buf
+
+
+def _is_disk_reference(path: str | os.PathLike[str]) -> bool:
+    """Whether the checkpoint refers to a disk buffer's files instead of holding rows. O(header)."""
+    try:
+        storage = _ckpt.read_metadata(path)["state"].get("storage")
+    except (CheckpointError, OSError, AttributeError):
+        return False  # load reports what is wrong with the file
+    return isinstance(storage, Mapping) and "reference" in storage
 
 
 def read_metadata(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:

@@ -60,6 +60,8 @@ from .batch import MassSample, SampleBatch
 from .buffer_core import MaxPriorityPolicy
 from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
+from .frames import FrameStore, default_frame_capacity
+from .nstep import NEXT_OBS_KEYS, TERMINATED_KEYS, TRUNCATED_KEYS
 from .samplers import (
     NORM_CODES,
     PriorityMax,
@@ -68,7 +70,7 @@ from .samplers import (
     Sampler,
     UniformSampler,
 )
-from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch
+from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch, make_fields
 
 __all__ = ["PrioritizedReplayBuffer", "RankBasedReplayBuffer", "ReplayBuffer", "SampleBatch"]
 
@@ -101,7 +103,22 @@ class _Buffer(StateMixin):
         seed: int | None = None,
         nstep_keys: Mapping[str, str | None] | None = None,
         storage: StorageLike | None = None,
+        frame_stack: Mapping[str, int] | None = None,
+        frame_capacity: int | None = None,
+        frame_pad: str = "zero",
     ) -> None:
+        self._input_fields = make_fields(fields)
+        self._frames: FrameStore | None = None
+        self._zeroed_to = 0  # transitions with smaller keys have had their mass zeroed
+        if frame_stack is not None:
+            self._frames = self._frame_store(
+                capacity, frame_stack, frame_capacity, frame_pad, n_envs, autoreset, nstep_keys
+            )
+            fields = {
+                **self._input_fields,
+                self._frames.name: Field((), np.dtype(np.int64)),
+                self._frames.next_name: Field((), np.dtype(np.int64)),
+            }
         stored, alpha0 = self._configure(
             capacity, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
             max_priority=max_priority, policies=("ever", "current"), stratified=stratified,
@@ -143,8 +160,83 @@ class _Buffer(StateMixin):
             )
         return made
 
+    def _frame_store(
+        self,
+        capacity: Any,
+        frame_stack: Any,
+        frame_capacity: Any,
+        frame_pad: Any,
+        n_envs: Any,
+        autoreset: Any,
+        nstep_keys: Mapping[str, str | None] | None,
+    ) -> FrameStore:
+        """Check the frame settings against the fields; the store of the frame stream."""
+        if self.kind == "rank":
+            raise ValueError(
+                "`frame_stack` is not available with rank-based sampling: transitions made "
+                "invalid by the frame ring would keep a rank (use PrioritizedReplayBuffer or "
+                "ReplayBuffer)"
+            )
+        if not isinstance(frame_stack, Mapping) or len(frame_stack) != 1:
+            raise ValueError(
+                "`frame_stack` must map one observation field to its stack size, e.g. "
+                f"frame_stack={{'obs': 4}}, got frame_stack={show(frame_stack)}"
+            )
+        ((name, k),) = frame_stack.items()
+        fields = self._input_fields
+        keys = dict(nstep_keys or {})
+        next_name = keys.get("next_obs") or f"next_{name}"
+        if next_name not in fields and name == "obs":
+            next_name = next((f for f in NEXT_OBS_KEYS if f in fields), next_name)
+        for need in (name, next_name):
+            if need not in fields:
+                raise ValueError(
+                    f"`frame_stack` names field {name!r}, whose next observation is field "
+                    f"{next_name!r}: both must be fields (one frame each), got fields "
+                    f"{list(fields)}"
+                )
+        if fields[name] != fields[next_name]:
+            raise ValueError(
+                f"fields {name!r} and {next_name!r} must have the same shape and dtype, got "
+                f"{fields[name]} and {fields[next_name]}"
+            )
+        done: list[str] = []
+        for role, names in (("terminated", TERMINATED_KEYS), ("truncated", TRUNCATED_KEYS)):
+            if role in keys:
+                key = keys[role]
+                if key is not None:
+                    if key not in fields:
+                        raise ValueError(f"`nstep_keys` names {role} field {key!r}, not a field")
+                    done.append(key)
+                continue
+            found = next((f for f in names if f in fields), None)
+            if found is None:
+                raise ValueError(
+                    f"frame streams must know where episodes end: no {role} field found "
+                    f"(looked for {list(names)}); add one, or say there is none with "
+                    f"nstep_keys={{'{role}': None}}"
+                )
+            done.append(found)
+        cap = check_int("capacity", capacity, minimum=1)
+        fcap = default_frame_capacity(cap) if frame_capacity is None else frame_capacity
+        return FrameStore(
+            name, next_name, fields[name], k, fcap, pad=frame_pad,
+            n_envs=None if n_envs is None else check_int("n_envs", n_envs, minimum=1),
+            autoreset=autoreset, done_keys=tuple(done),
+        )  # fmt: skip
+
     def _default_scheme_options(self) -> dict[str, Any]:
         return {}
+
+    def _settings(self) -> dict[str, Any]:
+        settings = super()._settings()
+        frames = self._frames
+        if frames is not None:  # the fields as given (frames), not the stored frame ids
+            settings["fields"] = [[k, f.to_dict()] for k, f in self._input_fields.items()]
+            settings["frame_stack"] = {frames.name: frames.stack}
+            settings["frame_capacity"] = frames.capacity
+            settings["frame_pad"] = frames.pad
+        return settings
 
     def _build_sampler(
         self, scheme: str, alpha: float, options: Mapping[str, Any], raw: np.ndarray | None
@@ -230,6 +322,13 @@ class _Buffer(StateMixin):
             batch_size = check_int("batch_size", batch_size, minimum=1)
         if len(self) == 0:
             return np.empty(0, dtype=np.float64)
+        if self._frames is not None:
+            nv = self.num_valid
+            valid = self._writer.keys(idx) >= self.valid_from
+            if nv == 0:
+                return np.zeros(idx.shape[0], dtype=np.float64)
+            prob = self._sampler.probabilities(idx, nv, batch_size)
+            return np.where(valid, prob, 0.0)
         return self._sampler.probabilities(idx, len(self), batch_size)
 
     def _checked_alpha(self, value: Any) -> float:
@@ -320,6 +419,8 @@ class _Buffer(StateMixin):
                 are unknown (n-step without ``env_ids`` or ``n_envs``).
             FieldTypeError: a value that cannot be cast safely.
         """
+        if self._frames is not None:
+            return self._add_frames(transition, priorities, env_ids)
         if self._nstep is not None:
             if priorities is not None:
                 raise ValueError(
@@ -359,6 +460,95 @@ class _Buffer(StateMixin):
             p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
             self._sampler.check_priorities("priorities", p)
         return self._write(prepared, k, p)
+
+    def _add_frames(self, transition: Any, priorities: Any, env_ids: Any) -> np.ndarray:
+        """``add`` for a frame buffer: frames to the frame ring, ids to the transitions."""
+        frames = self._frames
+        assert frames is not None
+        nstep = self._nstep
+        if nstep is not None and priorities is not None:
+            raise ValueError(
+                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
+            )
+        batch, k = coerce_batch(self._input_fields, transition, None)
+        fplan = frames.plan(batch, k, env_ids)
+        rows = fplan.batch
+        cap = self._capacity
+        p = None
+        if nstep is not None:
+            plan = nstep.prepare(rows, k, env_ids)
+            out, m = plan.out, plan.count
+            if m > cap and k > cap:
+                raise ValueError(
+                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
+                )
+        else:
+            out, m = coerce_batch(self._storage.fields, rows, cap)
+            if priorities is not None:
+                arr = to_numpy(priorities)
+                p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
+                self._sampler.check_priorities("priorities", p)
+        # every check has passed: nothing below can fail
+        frames.commit(fplan)
+        if nstep is not None:
+            nstep.commit(plan)
+        first_key = self._writer.added
+        if m == 0:
+            slots = np.empty(0, dtype=np.int64)
+        elif m <= cap:
+            slots = self._write(out, m, p)
+        else:
+            slots = np.concatenate([
+                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
+                for lo in range(0, m, cap)
+            ])  # fmt: skip
+        keys = first_key + np.arange(m, dtype=np.int64)
+        frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys)
+        self._sync_valid()
+        return slots
+
+    def _sync_valid(self) -> None:
+        """Zero the sampling mass of stored transitions the frame ring made invalid. O(k log N)."""
+        frames = self._frames
+        assert frames is not None
+        w = self._writer
+        lo = max(self._zeroed_to, w.added - w.size)
+        hi = min(frames.valid_from, w.added)
+        if hi > lo:
+            cap = self._capacity
+            start = (lo - w.key_base) % cap
+            count = hi - lo
+            first = min(count, cap - start)
+            self._sampler.write_run(start, first, 0.0)
+            if first < count:
+                self._sampler.write_run(0, count - first, 0.0)
+            if self._current_max is not None:
+                self._current_max.fix((start + np.arange(count, dtype=np.int64)) % cap)
+            frames.invalidated += count
+        self._zeroed_to = max(self._zeroed_to, hi)
+
+    @property
+    def valid_from(self) -> int:
+        """Key of the oldest transition that can be sampled (frame buffers: later ones may be invalid)."""
+        w = self._writer
+        oldest = w.added - w.size
+        return (
+            oldest if self._frames is None else max(oldest, min(self._frames.valid_from, w.added))
+        )
+
+    @property
+    def num_valid(self) -> int:
+        """Transitions that can be sampled: ``len(self)`` less those whose frames were overwritten. O(1)."""
+        return self._writer.added - self.valid_from
+
+    @property
+    def frame_store(self) -> FrameStore | None:
+        """The frame ring of a ``frame_stack`` buffer (``None`` otherwise)."""
+        return self._frames
+
+    def _gather(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        data = self._storage.gather(idx)
+        return data if self._frames is None else self._frames.gather(data)
 
     def _write(
         self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
@@ -412,6 +602,13 @@ class _Buffer(StateMixin):
         n = len(self)
         if n == 0:
             raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        if self._frames is not None:
+            n = self.num_valid
+            if n == 0:
+                raise EmptyBufferError(
+                    f"cannot sample: none of the {len(self)} stored transitions is valid (the "
+                    "frame ring overwrote their frames; raise `frame_capacity`)"
+                )
         pending = self._pending_switch
         if pending is not None and self._step >= pending["at_step"]:
             self._switch(pending)  # checks before it changes anything
@@ -425,23 +622,32 @@ class _Buffer(StateMixin):
             raise
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
+        storage = self._storage
+        # a storage that reads files can fail in gather: the generator is then restored
+        rng_state = None if type(storage) is Storage else self._rng.bit_generator.state
         u = self._rng.random(b)
         w = self._writer
         idx, prob, weights, keys = self._sampler.sample(
             u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], w.key_base, w.added
         )
+        if self._frames is not None and self._sampler.kind == "uniform":
+            keys = self.valid_from + idx  # uniform over the valid keys, the newest n
+            idx = (keys - w.key_base) % self._capacity
         if self._shuffle and b > 1:
             # slices come out in slot order: minibatches cut from a batch would
             # each get a contiguous piece of the ring
             perm = self._rng.permutation(b)
             idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        batch = SampleBatch(
-            data=self._storage.gather(idx),
-            indices=idx,
-            weights=weights,
-            probabilities=prob,
-            keys=keys,
-        )
+        try:
+            data = self._gather(idx)
+        except BaseException:
+            if rng_state is not None:
+                self._rng.bit_generator.state = rng_state
+            raise
+        batch = SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
+        if getattr(storage, "wants_masses", False):  # a tiered storage places its chunks by mass
+            tiered: Any = storage
+            tiered.rebalance(self._sampler.chunk_masses(tiered.mass_chunk_size, len(self)))
         self._step += 1
         return batch
 
@@ -473,6 +679,15 @@ class _Buffer(StateMixin):
                     f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
                     f"got {name} with {arr.shape[0]}"
                 )
+        invalid = 0
+        if self._frames is not None and self.valid_from > self._writer.added - len(self):
+            # transitions whose frames were overwritten keep zero mass: drop their updates
+            as_index_array("indices", idx, self._capacity, written=len(self))
+            keep = self._writer.keys(idx) >= self.valid_from
+            invalid = int(keep.shape[0] - np.count_nonzero(keep))
+            if invalid:
+                idx, td = idx[keep], td[keep]
+                key_arr = key_arr[keep] if use_keys else key_arr
         sigma = self._noise_schedule(self._step)
         rng_state = None
         given = td
@@ -501,7 +716,7 @@ class _Buffer(StateMixin):
             self._max_seen = max(self._max_seen, pmax)
             if self._current_max is not None:
                 self._current_max.fix(idx)
-        self._stale_updates += int(status[3])
+        self._stale_updates += int(status[3]) + invalid
         return kept
 
     def _raise_update_error(
@@ -529,6 +744,8 @@ class _Buffer(StateMixin):
         Returns how many transitions were dropped. Streams stay known (with
         their autoreset state); nothing stored changes.
         """
+        if self._frames is not None:
+            self._frames.end_episodes()  # the next row of every stream starts an episode
         if self._nstep is None:
             return 0
         n = self._nstep.n_pending
@@ -566,6 +783,13 @@ class _Buffer(StateMixin):
         if n == 0:
             raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
         sampler = self._sampler
+        if self._frames is not None:
+            if sampler.kind == "uniform":
+                raise TypeError(
+                    "sample_mass needs a prioritized frame buffer: a uniform one's invalid "
+                    "transitions keep unit mass"
+                )
+            n = self.num_valid
         total, min_mass = sampler.mass_stats(n)
         sampler.check_sampleable(n)
         arr = to_numpy(targets)
@@ -584,7 +808,7 @@ class _Buffer(StateMixin):
         idx, masses = sampler.mass_find(t, n)
         w = self._writer
         return MassSample(
-            data=self._storage.gather(idx),
+            data=self._gather(idx),
             indices=idx,
             keys=w.keys(idx),
             masses=masses,
@@ -601,7 +825,7 @@ class _Buffer(StateMixin):
         What a coordinator of several buffers needs to split a sample among
         them (see :meth:`sample_mass`); rank-based buffers raise TypeError.
         """
-        n = len(self)
+        n = len(self) if self._frames is None else self.num_valid
         total, min_mass = self._sampler.mass_stats(n)
         return total, min_mass, n, self._writer.added
 
@@ -621,6 +845,9 @@ class _Buffer(StateMixin):
             self._current_max.rebuild()
         if self._nstep is not None:
             self._nstep.clear()
+        if self._frames is not None:
+            self._frames.clear(self._writer.added)
+            self._zeroed_to = self._writer.added
 
     def nbytes(self) -> dict[str, int]:
         """Memory held: ``data`` (storage), ``index`` (priorities, trees, ranks; keys are derived, not stored)."""
@@ -635,7 +862,8 @@ class _Buffer(StateMixin):
                     while isinstance(base.base, np.ndarray):
                         base = base.base
                     seen[id(base)] = base.nbytes
-        return {"data": int(self._storage.nbytes()), "index": int(sum(seen.values()))}
+        data = self._storage.nbytes() + (0 if self._frames is None else self._frames.nbytes())
+        return {"data": int(data), "index": int(sum(seen.values()))}
 
     def __repr__(self) -> str:
         return (

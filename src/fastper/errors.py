@@ -39,5 +39,18 @@ class InvalidIndexError(FastPERError, IndexError, ValueError):
     """An index is out of range, or names a slot that was never written."""
 
 
+class DiskBufferError(CheckpointError):
+    """A disk buffer's directory is not a fastper disk buffer, holds another layout,
+    or a truncated or damaged file (see :mod:`fastper.disk`)."""
+
+
+class DiskFullError(FastPERError, OSError):
+    """The disk is full (ENOSPC / EDQUOT): nothing of the failed call was stored."""
+
+
+class RecoveryWarning(UserWarning):
+    """A reopened disk buffer recovered rows past its checkpoint, or lost some."""
+
+
 class CapacityWarning(UserWarning):
     """A buffer will need more memory when full than this machine has."""

@@ -220,6 +220,21 @@ class Sampler:
             "use uniform or proportional replay"
         )
 
+    def chunk_masses(self, chunk_size: int, n: int) -> np.ndarray:
+        """Sampling mass under each aligned chunk of ``chunk_size`` slots. O(N / chunk_size).
+
+        Here (uniform, and rank-based, whose mass is not aggregated anywhere:
+        an approximation there) the number of stored slots in each chunk; the
+        stored slots are ``0 .. n-1``. For a tiered storage's placement.
+        """
+        n_chunks = -(-self.capacity // chunk_size)
+        out = np.zeros(n_chunks, dtype=np.float64)
+        full, rest = divmod(n, chunk_size)
+        out[:full] = chunk_size
+        if rest:
+            out[full] = rest
+        return out
+
     def clear(self) -> None:
         self.raw_leaves[:] = 0.0
 
@@ -273,7 +288,6 @@ class UniformSampler(Sampler):
         prob = np.full(b, 1.0 / n)
         keys = slot_keys(idx, key_base, added, self.capacity)
         return idx, prob, np.ones(b, dtype=np.float64), keys
-
 
     def mass_find(self, targets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         idx = np.minimum(targets.astype(np.int64), n - 1)  # unit mass per slot
@@ -398,6 +412,25 @@ class ProportionalSampler(Sampler):
 
     def probabilities(self, idx: np.ndarray, n: int, batch_size: int | None = None) -> np.ndarray:
         return self.leaves[idx] / self.total
+
+    def chunk_masses(self, chunk_size: int, n: int) -> np.ndarray:
+        """Sum of ``p_i ** alpha`` under each aligned chunk of ``chunk_size`` slots.
+
+        Read from the tree: with ``chunk_size = c * 8**l`` (``l`` as large as
+        the tree allows) each chunk is ``c`` nodes of level ``l``, so the cost
+        is O(N / 8**l): O(N / chunk_size) for a power of 8.
+        """
+        n_chunks = -(-self.capacity // chunk_size)
+        level = 0
+        while chunk_size % 8 ** (level + 1) == 0 and level < self.depth:
+            level += 1
+        group = chunk_size // 8**level
+        nodes = self.leaves if level == 0 else self.sinner[self.offs[level] : self.offs[level + 1]]
+        need = n_chunks * group
+        if nodes.shape[0] < need:
+            nodes = np.concatenate((nodes, np.zeros(need - nodes.shape[0])))
+        masses = nodes[:need]
+        return masses.reshape(n_chunks, group).sum(axis=1) if group > 1 else masses.copy()
 
     def clear(self) -> None:
         super().clear()

@@ -264,6 +264,12 @@ class ReplayStorage(Protocol):
     A storage is not locked: the buffer holds its lock around every call.
     ``write`` and ``load_state_dict`` must not fail once their input was
     prepared / checked: the buffer relies on that to keep every call atomic.
+
+    Optional: a storage whose rows are durable where they are (on disk,
+    :class:`fastper.disk.DiskStorage`) has ``reference_state(n, cursor)``,
+    a JSON-able dict that ``save`` writes instead of the rows (and that its
+    ``load_state_dict`` accepts back); a storage that fails to write (a full
+    disk) raises before the buffer advances anything.
     """
 
     fields: dict[str, Field]

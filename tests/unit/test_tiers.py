@@ -1,0 +1,365 @@
+"""TieredStorage: exact rows across tiers, placement by mass, stats, checkpoints, bad files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastper
+from fastper import PrioritizedReplayBuffer, ReplayBuffer
+from fastper import tier_codecs as C
+from fastper import tiers as T
+from fastper.samplers import ProportionalSampler, UniformSampler
+from fastper.storage import Storage
+from fastper.tiers import TierDataError, TieredStorage
+
+FIELDS = {"obs": ((3, 5), np.uint8), "action": ((), np.int64), "reward": ((), np.float32)}
+ROW = 15 + 8 + 4
+CODECS = T.available_codecs()
+
+
+def rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.integers(0, 4, (k, 3, 5)).astype(np.uint8),  # compressible, not constant
+        "action": rng.integers(0, 5, k),
+        "reward": rng.random(k).astype(np.float32),
+    }
+
+
+def tiered(tmp_path, capacity: int = 300, **kw) -> TieredStorage:
+    opts = {
+        "chunk_size": 8, "hot_bytes": 3 * 8 * ROW, "warm_bytes": 600, "block_bytes": 2 * ROW,
+        "rebalance_every": 2, "cold_dir": tmp_path / "cold",
+    }  # fmt: skip
+    opts.update(kw)
+    return TieredStorage(FIELDS, capacity, **opts)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def drive(ram, tier, steps: int, seed: int = 0, batch: int = 16) -> None:
+    """Same adds, samples and updates on both buffers; every batch must be identical."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        tr = rows(rng, int(rng.integers(1, 12)))
+        ram.add(tr)
+        tier.add(tr)
+        sa, sb = ram.sample(batch), tier.sample(batch)
+        assert np.array_equal(sa.indices, sb.indices)
+        assert np.array_equal(sa.weights, sb.weights)
+        assert_same(sa.data, sb.data)
+        td = rng.random(batch) ** 4 * 10  # heavy-tailed: masses differ a lot
+        ram.update_priorities(sa.indices, td, keys=sa.keys)
+        tier.update_priorities(sb.indices, td, keys=sb.keys)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_batches_equal_ram_storage_across_tiers_and_wrap(tmp_path, codec, prefetch):
+    st = tiered(tmp_path, codec=codec, prefetch=prefetch)
+    ram = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=3)
+    buf = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=3, storage=st)
+    drive(ram, buf, 150)  # ~900 rows: the ring wraps three times
+    s = st.stats()
+    assert s["rebalances"] > 10 and s["promotions"] > 0 and s["demotions"] > 0
+    assert all(s["hit_rate"][t] > 0 for t in ("hot", "warm", "cold")), s["hit_rate"]
+    assert all(s["chunks"][t] > 0 for t in ("hot", "warm", "cold")), s["chunks"]
+    for name in FIELDS:
+        assert np.array_equal(st.read(name, 0, 300), ram.storage.read(name, 0, 300))
+    st.close()
+
+
+def test_uniform_buffer_and_chunk_size_not_dividing_capacity(tmp_path):
+    st = tiered(tmp_path, capacity=301, chunk_size=16, hot_bytes=16 * ROW, block_bytes=1)
+    ram = ReplayBuffer(301, FIELDS, seed=1)
+    buf = ReplayBuffer(301, FIELDS, seed=1, storage=st)
+    drive(ram, buf, 100, seed=2)
+    assert st.stats()["chunks"]["cold"] > 0
+
+
+def test_prefetch_does_not_change_results(tmp_path):
+    out = []
+    for prefetch in (True, False):
+        st = tiered(tmp_path / str(prefetch), prefetch=prefetch, max_moves=None)
+        buf = PrioritizedReplayBuffer(300, FIELDS, alpha=0.7, seed=9, storage=st)
+        rng = np.random.default_rng(4)
+        got = []
+        for _ in range(80):
+            buf.add(rows(rng, 7))
+            s = buf.sample(8)
+            got.append((s.indices, s.data["obs"], s.data["reward"]))
+            buf.update_priorities(s.indices, rng.random(8) ** 3, keys=s.keys)
+        out.append(got)
+        st.close()
+    for a, b in zip(*out, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x, y)
+
+
+def filled(tmp_path, **kw) -> tuple[TieredStorage, dict[str, np.ndarray]]:
+    st = tiered(tmp_path, capacity=128, **kw)  # 16 chunks of 8
+    data = rows(np.random.default_rng(0), 128)
+    prepared, k = st.prepare(data)
+    st.write(0, prepared, k)
+    return st, data
+
+
+def test_placement_follows_mass(tmp_path):
+    st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=1.0, smoothing=1.0)
+    masses = np.random.default_rng(1).permutation(np.arange(1.0, 17.0) ** 3)
+    for _ in range(2):  # the second fills the slots the first freed
+        st.rebalance(masses)
+        st.settle()
+    tiers = st._tier
+    hot = set(np.flatnonzero(tiers == T.HOT).tolist())
+    open_chunk = st._open
+    top = set(np.argsort(-masses)[:3].tolist())  # 4 hot slots, one pinned to the open chunk
+    assert top <= hot and len(hot) == 4 and open_chunk in hot
+    warm, cold = np.flatnonzero(tiers == T.WARM), np.flatnonzero(tiers == T.COLD)
+    assert warm.size and cold.size
+    assert masses[warm].min() >= masses[cold].max()  # the heavier of the rest are warm
+    assert st.stats()["bytes"]["warm"] <= st.warm_bytes
+
+
+def test_hysteresis_small_changes_move_nothing(tmp_path):
+    st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=2.0, smoothing=1.0)
+    masses = np.arange(16, 0, -1, dtype=float)  # chunk 0 heaviest
+    for _ in range(2):
+        st.rebalance(masses)
+        st.settle()
+    before = st._tier.copy()
+    held = [c for c in np.flatnonzero(before == T.HOT) if c != st._open]
+    lightest_hot = min(held, key=lambda c: masses[c])
+    nudged = masses.copy()
+    rest = np.flatnonzero(before != T.HOT)
+    best_cold = int(rest[np.argmax(masses[rest])])
+    nudged[best_cold] = 1.9 * masses[lightest_hot]  # heavier, but not by the factor
+    st.rebalance(nudged)
+    st.settle()
+    assert np.array_equal(st._tier, before)
+    moved = st.stats()["promotions"]
+    nudged[best_cold] = 2.1 * masses[lightest_hot]
+    st.rebalance(nudged)
+    st.settle()
+    assert st.stats()["promotions"] == moved + 1 and st._tier[best_cold] == T.HOT
+
+
+def test_smoothing_ignores_a_one_off_spike(tmp_path):
+    st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=2.0, smoothing=0.5)
+    masses = np.arange(16, 0, -1, dtype=float)
+    for _ in range(2):
+        st.rebalance(masses)
+        st.settle()
+    before = st._tier.copy()
+    held = [c for c in np.flatnonzero(before == T.HOT) if c != st._open]
+    light = min(held, key=lambda c: masses[c])
+    rest = np.flatnonzero(before != T.HOT)
+    best = int(rest[np.argmax(masses[rest])])
+    spiked = masses.copy()
+    spiked[best] = 3.0 * masses[light]  # past the factor once: averaged, it is not
+    st.rebalance(spiked)
+    st.settle()
+    assert np.array_equal(st._tier, before)
+    for _ in range(4):  # it stays heavy: the average catches up and it moves
+        st.rebalance(spiked)
+        st.settle()
+    assert st._tier[best] == T.HOT
+
+
+def test_full_chunks_are_packed_in_the_background(tmp_path):
+    # a sealed chunk is compressed off the sampling path: its demotion compresses nothing
+    st = tiered(tmp_path, capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=10**6)
+    st.write(0, st.prepare(rows(np.random.default_rng(0), 40))[0], 40)  # chunks 0..4 full
+    st.settle()
+    assert sorted(st._warm) == [0, 1, 2, 3, 4] and not st._packing.any()
+    packed = dict(st._warm)
+    st._demote(2)
+    assert st._tier[2] == T.WARM and st._warm[2] is packed[2]  # the same bytes, not redone
+    got = st.gather(np.arange(40))
+    assert_same(got, {k: v[:40] for k, v in rows(np.random.default_rng(0), 40).items()})
+    # no warm room: the copy goes to the chunk's cold file instead
+    st2 = tiered(tmp_path / "b", capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=0)
+    st2.write(0, st2.prepare(rows(np.random.default_rng(0), 16))[0], 16)
+    st2.settle()
+    assert sorted(st2._cold) == [0, 1] and os.path.exists(st2._path(0))
+    st2._demote(0)
+    assert st2._tier[0] == T.COLD and st2.stats()["demotions"] == 1
+
+
+def test_file_truncated_while_open_is_named(tmp_path):
+    # regression: cold files stay open between gathers; a later truncation must still be caught
+    st, data = filled(tmp_path, hot_bytes=8 * ROW, warm_bytes=0)
+    c = int(np.flatnonzero(st._tier == T.COLD)[0])
+    assert_same(st.gather(np.array([c * 8])), {k: v[[c * 8]] for k, v in data.items()})
+    assert st._path(c) in st._files.fds
+    with open(st._path(c), "r+b") as f:
+        f.truncate(os.path.getsize(st._path(c)) - 5)
+    with pytest.raises(TierDataError, match="truncated or altered"):
+        st.gather(np.array([c * 8]))
+    st.close()
+    assert not st._files.fds
+
+
+def test_stats_consistent_with_counts(tmp_path):
+    st, data = filled(tmp_path, hot_bytes=2 * 8 * ROW, warm_bytes=300)
+    masses = np.arange(1.0, 17.0)
+    st.rebalance(masses)
+    st.settle()
+    idx = np.random.default_rng(2).integers(0, 128, 500)
+    got = st.gather(idx)
+    assert_same(got, {k: v[idx] for k, v in data.items()})
+    tiers = st._tier[idx >> 3]
+    s = st.stats()
+    for t, name in enumerate(T.TIER_NAMES):
+        assert s[f"rows_{name}"] == np.count_nonzero(tiers == t)
+        assert s["hit_rate"][name] == pytest.approx(np.mean(tiers == t))
+        assert s["chunks"][name] == np.count_nonzero(st._tier == t)
+    hot = masses[st._tier == T.HOT].sum() / masses.sum()
+    assert s["mass_fraction"]["hot"] == pytest.approx(hot)
+    assert sum(s["mass_fraction"].values()) == pytest.approx(1.0)
+    assert s["bytes"]["cold"] > 0 and s["disk_bytes_read"] > 0 and s["decompressions"] > 0
+
+
+def test_checkpoint_round_trip(tmp_path):
+    st = tiered(tmp_path)
+    ram = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=5)
+    buf = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=5, storage=st)
+    drive(ram, buf, 60)
+    buf.save(tmp_path / "tiered.fpr")
+    ram.save(tmp_path / "ram.fpr")
+    loaded = fastper.load(tmp_path / "tiered.fpr")
+    assert_same(loaded.state_dict()["storage"], ram.state_dict()["storage"])
+    back = PrioritizedReplayBuffer(
+        300, FIELDS, alpha=0.6, beta=0.4, seed=0, storage=tiered(tmp_path / "b")
+    )
+    back.load_state_dict(loaded.state_dict())
+    drive(fastper.load(tmp_path / "ram.fpr"), back, 30, seed=8)
+
+
+def test_corrupted_or_truncated_cold_file_names_the_file(tmp_path):
+    st, data = filled(tmp_path, hot_bytes=8 * ROW, warm_bytes=0)
+    cold = np.flatnonzero(st._tier == T.COLD)
+    c = int(cold[0])
+    path = st._path(c)
+    before = st._tier.copy()
+    with open(path, "r+b") as f:  # flip a payload byte: the checksum catches it
+        f.seek(-3, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(TierDataError, match=f"{path}.*checksum"):
+        st.gather(np.array([c * 8 + 7]))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 5)
+    with pytest.raises(TierDataError, match=f"{path}.*truncated"):
+        st.gather(np.array([c * 8]))
+    assert np.array_equal(st._tier, before)  # nothing moved
+    other = int(cold[1]) * 8 + 2
+    assert_same(st.gather(np.array([other])), {k: v[[other]] for k, v in data.items()})
+
+
+def test_corrupted_file_leaves_the_buffer_unchanged(tmp_path):
+    st = tiered(tmp_path, capacity=64, hot_bytes=8 * ROW, warm_bytes=0, rebalance_every=10**6)
+    buf = ReplayBuffer(64, FIELDS, seed=0, storage=st)
+    buf.add(rows(np.random.default_rng(0), 64))
+    for f in os.listdir(tmp_path / "cold"):
+        with open(tmp_path / "cold" / f, "wb") as fh:
+            fh.write(b"junk")
+    p = buf.priorities(np.arange(64))
+    with pytest.raises(TierDataError, match="cold chunk file .* truncated or altered"):
+        buf.sample(64)
+    # the rows, priorities, ring and step stay; the generator has advanced (see README)
+    assert len(buf) == 64 and buf.step == 0 and np.array_equal(buf.priorities(np.arange(64)), p)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"obs": np.zeros((3, 4), np.uint8), "action": 1, "reward": 0.5},
+        {"obs": np.full((3, 5), 300), "action": 1, "reward": 0.5},
+        {"obs": np.zeros((3, 5)), "action": 1.5, "reward": 0.5},
+        {"obs": np.zeros((3, 5)), "action": 1},
+    ],
+)
+def test_bad_rows_raise_as_ram_storage(tmp_path, bad):
+    st = tiered(tmp_path)
+    with pytest.raises(Exception) as want:
+        Storage(FIELDS, 300).prepare(bad)
+    with pytest.raises(type(want.value)) as got:
+        st.prepare(bad)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"chunk_size": 12}, r"`chunk_size` must be a power of 2, got chunk_size=12"),
+        ({"hysteresis": 0.5}, r"`hysteresis` must be >= 1.0, got hysteresis=0.5"),
+        ({"smoothing": 0.0}, r"`smoothing` must be > 0.0, got smoothing=0.0"),
+        ({"smoothing": 1.5}, r"`smoothing` must be <= 1.0, got smoothing=1.5"),
+        ({"codec": "snappy"}, r"`codec` must be one of .*got codec='snappy'"),
+        ({"hot_bytes": -1}, r"`hot_bytes` must be >= 0, got hot_bytes=-1"),
+    ],
+)
+def test_argument_errors(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiered(tmp_path, **kw)
+
+
+def test_cold_dir_of_another_storage_is_refused(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "x-0000001.fpc").write_bytes(b"")
+    with pytest.raises(ValueError, match="`cold_dir` must not hold chunk files"):
+        tiered(tmp_path, cold_dir=d)
+
+
+def test_rebalance_checks_masses(tmp_path):
+    st = tiered(tmp_path)
+    with pytest.raises(ValueError, match=r"`masses` must be 38 finite values >= 0"):
+        st.rebalance(np.ones(3))
+    with pytest.raises(ValueError, match="`masses` must be"):
+        st.rebalance(np.full(38, -1.0))
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 8, 16, 64, 512])
+@pytest.mark.parametrize("capacity", [5, 100, 4096, 5000])
+def test_chunk_masses_equal_naive_sums(chunk, capacity):
+    s = ProportionalSampler(capacity, 0.6)
+    s.write(np.arange(capacity), np.random.default_rng(0).random(capacity))
+    n_chunks = -(-capacity // chunk)
+    naive = np.zeros(n_chunks * chunk)
+    naive[:capacity] = s.raw[:capacity] ** 0.6
+    assert np.allclose(s.chunk_masses(chunk, capacity), naive.reshape(n_chunks, chunk).sum(1))
+    u = UniformSampler(capacity, 0.0).chunk_masses(chunk, capacity - 1)
+    assert u.sum() == capacity - 1 and u.shape == (n_chunks,)
+
+
+def test_clear_removes_cold_files_and_rows(tmp_path):
+    st, _ = filled(tmp_path, hot_bytes=8 * ROW, warm_bytes=0)
+    assert os.listdir(tmp_path / "cold")
+    st.clear()
+    assert not os.listdir(tmp_path / "cold") and st.stats()["chunks"]["cold"] == 0
+
+
+def test_auto_codec_falls_back_to_zlib(monkeypatch):
+    def missing():
+        raise ImportError("not installed")
+
+    monkeypatch.setattr(C, "_MAKERS", {**C._MAKERS, **dict.fromkeys(C.AUTO_ORDER, missing)})
+    with pytest.warns(UserWarning, match="using zlib"):
+        assert T.make_codec("auto").name == "zlib"
+
+
+def test_import_fastper_imports_no_codec():
+    code = "import sys, fastper; print([m for m in ('lz4', 'zstandard', 'blosc2') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
