@@ -161,6 +161,7 @@ def _train(args: argparse.Namespace) -> int:
     if not existing.is_dir():
         raise UsageError(f"--out must be a directory, got {args.out!r} ({existing} is a file)")
     try:
+        from .agents.resume import ResumeError
         from .agents.runner import SettingsError, config_class, parse_overrides, train_many
 
         cls = config_class(args.algo)
@@ -191,10 +192,13 @@ def _train(args: argparse.Namespace) -> int:
         results = train_many(
             args.algo, env, args.replay, seeds, args.steps, out,
             overrides=overrides, workers=args.workers, progress=not args.quiet,
-            threads=args.threads,
+            threads=args.threads, resume=args.resume,
         )  # fmt: skip
     except SettingsError as exc:  # found before anything was written
         raise UsageError(str(exc)) from exc
+    except ResumeError as exc:  # found while rebuilding a run (an env that does not replay)
+        print(f"fastper train: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     print(f"runs written under {args.out}:")
     for replay, seed, last, episodes, wall in results:
         print(f"  {args.algo} {replay:<8} seed {seed:<3} last-10 return {last:9.2f}  "
@@ -366,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. --env MinAtar/Breakout-v1, DQN with a CNN) need the `minatar` extra. The "
         "options, the environment (made once) and every --set value are checked before "
         "anything is written, and a run that fails leaves no empty directories behind. "
+        "Each run checkpoints itself (networks, optimisers, replay buffer, generators, "
+        "logs) into its checkpoints/ every checkpoint_every env steps (default 25000; "
+        "--set checkpoint_every=0: never) and at its end; the same command with --resume "
+        "continues stopped runs exactly where their last checkpoint left them. "
         "Needs the `agents` extra.",
     )
     train.add_argument(
@@ -410,6 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--threads", type=_integer(1), default=None,
         help="torch threads per run (default: CPU cores / workers)",
+    )  # fmt: skip
+    train.add_argument(
+        "--resume", action="store_true",
+        help="continue the runs of this command under --out from their checkpoints, bit for "
+        "bit as if never stopped (give the same options as the first time); runs that "
+        "finished are not run again, runs without a checkpoint start over. Runs "
+        "checkpoint every checkpoint_every env steps (--set checkpoint_every=N, 0: never) "
+        "and at their end, into <run>/checkpoints/",
     )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.set_defaults(func=_train)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ import numpy as np
 from .. import schedules
 from ..buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, _Buffer
 from ..storage import FieldLike
+from .resume import ActionLog
 
 REPLAYS = ("uniform", "per", "rank")
 NETWORKS = ("auto", "mlp", "cnn")
@@ -235,9 +237,21 @@ class RunLogger:
     TensorBoard scalars go to ``tb/`` when tensorboard is installed.
     ``summary.json`` (steps, episodes, evaluations, the last evaluation's mean
     return, wall time) marks the run as finished.
+
+    ``resume`` (the ``run`` part of a checkpoint, see :mod:`.resume`) reopens
+    the logs of a stopped run instead: each CSV file is cut back to the byte
+    length recorded at the checkpoint and appended to, the wall clock goes on
+    from the checkpoint's ``wall_s``, and TensorBoard events after its step
+    are purged.
     """
 
-    def __init__(self, out_dir: str | Path | None, config: Any, meta: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path | None,
+        config: Any,
+        meta: Mapping[str, Any],
+        resume: Mapping[str, Any] | None = None,
+    ) -> None:
         self.out_dir = None if out_dir is None else Path(out_dir)
         self._t0 = time.perf_counter()
         self._file = None
@@ -249,21 +263,62 @@ class RunLogger:
         if self.out_dir is None:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        record = {"config": asdict(config), **dict(meta)}
-        (self.out_dir / CONFIG_JSON).write_text(json.dumps(record, indent=2, sort_keys=True))
-        self._file = open(self.out_dir / EPISODES_CSV, "w", newline="")  # noqa: SIM115
-        self._writer = csv.writer(self._file)
-        self._writer.writerow(["step", "episode", "return", "length", "wall_s"])
-        if getattr(config, "eval_every", 0) > 0:
-            self._eval_file = open(self.out_dir / EVALUATIONS_CSV, "w", newline="")  # noqa: SIM115
-            self._eval_writer = csv.writer(self._eval_file)
-            self._eval_writer.writerow(["step", "episode", "return", "length"])
+        evaluates = getattr(config, "eval_every", 0) > 0
+        if resume is None:
+            record = {"config": asdict(config), **dict(meta)}
+            (self.out_dir / CONFIG_JSON).write_text(json.dumps(record, indent=2, sort_keys=True))
+            (self.out_dir / SUMMARY_JSON).unlink(missing_ok=True)
+            self._file = open(self.out_dir / EPISODES_CSV, "w", newline="")  # noqa: SIM115
+            self._writer = csv.writer(self._file)
+            self._writer.writerow(["step", "episode", "return", "length", "wall_s"])
+            if evaluates:
+                self._eval_file = open(self.out_dir / EVALUATIONS_CSV, "w", newline="")  # noqa: SIM115
+                self._eval_writer = csv.writer(self._eval_file)
+                self._eval_writer.writerow(["step", "episode", "return", "length"])
+        else:  # cut the logs back to the checkpoint: rows written after it come again
+            self._t0 -= float(resume["wall_s"])
+            sizes = resume["csv_bytes"]
+            self._file = self._reopen(EPISODES_CSV, sizes)
+            self._writer = csv.writer(self._file)
+            if evaluates:
+                self._eval_file = self._reopen(EVALUATIONS_CSV, sizes)
+                self._eval_writer = csv.writer(self._eval_file)
         try:  # optional: TensorBoard logging when it is installed
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"))
+            # on resume, drop the events logged after the checkpoint's step
+            purge = None if resume is None else int(resume["step"]) + 1
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"), purge_step=purge)
         except Exception:  # noqa: BLE001 - tensorboard missing or broken: CSV only
             self._tb = None
+
+    def _reopen(self, name: str, sizes: Mapping[str, int]) -> Any:
+        """``name`` truncated to its length at the checkpoint, open for appending."""
+        from .resume import ResumeError
+
+        path = Path(str(self.out_dir)) / name
+        size = int(sizes.get(name, -1))
+        have = path.stat().st_size if path.exists() else -1
+        if size < 0 or have < size:
+            raise ResumeError(
+                f"cannot resume {self.out_dir}: {name} has {max(have, 0)} bytes, fewer than the "
+                f"{max(size, 0)} its checkpoint recorded (the log was replaced or cut)"
+            )
+        os.truncate(path, size)
+        return open(path, "a", newline="")  # noqa: SIM115
+
+    def csv_bytes(self) -> dict[str, int]:
+        """The byte length of each CSV log now (they are flushed after every row)."""
+        out = {}
+        for name, f in ((EPISODES_CSV, self._file), (EVALUATIONS_CSV, self._eval_file)):
+            if f is not None:
+                f.flush()
+                out[name] = os.fstat(f.fileno()).st_size
+        return out
+
+    def wall_s(self) -> float:
+        """Seconds of the run so far, over all its sittings."""
+        return time.perf_counter() - self._t0
 
     def episode(self, step: int, ret: float, length: int) -> None:
         res = self.result
@@ -292,6 +347,16 @@ class RunLogger:
     def scalar(self, name: str, value: float, step: int) -> None:
         if self._tb is not None:
             self._tb.add_scalar(name, value, step)
+
+    def abandon(self) -> None:
+        """Close the logs without marking the run finished (no ``summary.json``)."""
+        for f in (self._file, self._eval_file):
+            if f is not None:
+                f.close()
+        self._file = self._eval_file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def close(self, steps: int) -> RunResult:
         self.result.steps = int(steps)
@@ -477,6 +542,11 @@ def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...]
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
+    every = getattr(cfg, "checkpoint_every", 0)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(
+            f"`checkpoint_every` must be an integer >= 0, got checkpoint_every={every!r}"
+        )
     if cfg.total_steps < cfg.num_envs:
         raise ValueError(
             "`total_steps` must be >= num_envs (it counts the steps of all envs together), "
@@ -565,6 +635,14 @@ class Collector:
     ``eval_every`` environment steps and at the end of the run. It uses
     neither the training envs nor any generator of training, so a run
     trains the same with or without it.
+
+    Checkpoints (``cfg.checkpoint_every`` > 0 and ``out_dir``): the collector
+    records every action it steps the envs with; :meth:`checkpoint` writes
+    the buffer and the run state (the agent's :class:`.resume.AgentParts`
+    and counters given by the agent, the rest its own). ``saved`` (from
+    :func:`.resume.read`) rebuilds a stopped run: the envs are reset with the
+    run's seeds and replayed through the recorded actions (checked against
+    the saved observations), the logs reopened at their recorded lengths.
     """
 
     def __init__(
@@ -575,11 +653,19 @@ class Collector:
         buffer: _Buffer,
         out_dir: str | Path | None,
         progress: bool,
+        saved: Any = None,
     ) -> None:
+        from . import resume
+
+        self.algo = algo
         self.cfg, self.envs, self.buffer = cfg, envs, buffer
         self.num_envs = int(cfg.num_envs)
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        run = None if saved is None else saved.meta
+        if self.out_dir is not None and saved is None:
+            resume.clear(self.out_dir)  # a fresh start leaves no old checkpoint to resume
         meta = {"algo": algo, "env_id": cfg.env_id, "replay": cfg.replay, "seed": cfg.seed}
-        self.log = RunLogger(out_dir, cfg, meta)
+        self.log = RunLogger(out_dir, cfg, meta, resume=run)
         self.total = vector_steps(cfg) * self.num_envs
         self._bar = Progress(self.total, f"{algo} {cfg.replay} seed {cfg.seed}", progress)
         self.obs, _ = envs.reset(seed=cfg.seed)  # env i: seed + i
@@ -589,6 +675,54 @@ class Collector:
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.eval_env = make_env(cfg.env_id) if cfg.eval_every > 0 else None
         self._last_eval = -1
+        # every action given to the training envs, to rebuild them on resume (see resume)
+        self.checkpoint_every = int(getattr(cfg, "checkpoint_every", 0))
+        self._record = self.out_dir is not None and self.checkpoint_every > 0
+        self._actions = ActionLog(vector_steps(cfg), envs.single_action_space)
+        self.replay_s = 0.0
+        if saved is not None:
+            try:
+                self._restore(saved)
+            except BaseException:  # refused: close what was opened, write nothing
+                if self.eval_env is not None:
+                    self.eval_env.close()
+                self.log.abandon()
+                raise
+
+    @property
+    def iteration(self) -> int:
+        """Vector steps taken so far (``steps // num_envs``)."""
+        return self.steps // self.num_envs
+
+    def checkpoint_state(
+        self, agent: Any, counters: Mapping[str, Any], final: bool
+    ) -> dict[str, Any]:
+        """The run state a checkpoint holds besides the buffer (see :func:`.resume.collector_state`)."""
+        from .resume import collector_state
+
+        return collector_state(self, agent, counters, final)
+
+    def checkpoint(self, agent: Any, counters: Mapping[str, Any], final: bool = False) -> None:
+        """Write a checkpoint now (nothing without an output directory or with checkpoints off)."""
+        if not self._record or self.out_dir is None:
+            return
+        from . import resume
+
+        resume.write(
+            self.out_dir, self.steps, self.checkpoint_state(agent, counters, final), self.buffer
+        )
+
+    def maybe_checkpoint(self, agent: Any, counters: Mapping[str, Any]) -> None:
+        """Checkpoint if the last vector step passed a multiple of ``checkpoint_every`` steps."""
+        from .resume import checkpoint_due
+
+        if checkpoint_due(self.steps, self.num_envs, self.checkpoint_every):
+            self.checkpoint(agent, counters)
+
+    def _restore(self, saved: Any) -> None:
+        from .resume import restore_collector
+
+        restore_collector(self, saved)
 
     def random_actions(self) -> np.ndarray:
         """One uniformly random action per env, from the action space seeded with ``cfg.seed``."""
@@ -598,6 +732,9 @@ class Collector:
     def step(self, t: int, actions: Any) -> None:
         """One step of every env with ``actions``; ``t`` counts env steps after it (all envs)."""
         next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
+        self.steps = t
+        if self._record:
+            self._actions.record(self.iteration - 1, np.asarray(actions))
         self.buffer.add(
             {
                 "obs": self.obs,
@@ -608,7 +745,6 @@ class Collector:
                 "truncated": truncated,
             }
         )
-        self.steps = t
         self._returns += rewards
         self._lengths += 1
         self.obs = next_obs

@@ -38,6 +38,9 @@ from ._common import (
     resolve_network,
     vector_steps,
 )
+from .resume import AgentParts
+from .resume import out_dir_of as _out_dir
+from .resume import read as read_checkpoint
 
 try:
     import torch
@@ -83,6 +86,7 @@ class DQNConfig:
     eval_epsilon: float = 0.0  # random-action rate in evaluation (0: greedy)
     eval_max_steps: int = 27_000  # cap on an evaluation episode's length (MinAtar has no limit)
     device: str = "cpu"  # torch device
+    checkpoint_every: int = 25_000  # env steps between checkpoints in the run's directory (0: none)
 
     def __post_init__(self) -> None:
         check_config(
@@ -222,7 +226,12 @@ def td_step(
     return delta.detach().abs(), float(loss.item())
 
 
-def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
+def train(
+    config: DQNConfig,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    resume: bool = False,
+) -> RunResult:
     """Train Double DQN on ``config.env_id``; log episodes and evaluations to ``out_dir``.
 
     Runs ``total_steps // num_envs`` steps of the ``num_envs`` envs together.
@@ -230,6 +239,12 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
     training phase of ``gradient_steps`` updates comes at every multiple of
     ``train_freq`` environment steps past ``learning_starts``, so the
     updates per environment step do not depend on ``num_envs``.
+
+    With ``checkpoint_every`` > 0 and ``out_dir``, the run checkpoints itself
+    into ``out_dir/checkpoints/`` every ``checkpoint_every`` environment steps
+    and at its end; ``resume=True`` continues from the newest checkpoint
+    there, and the run ends exactly as an uninterrupted one would (see
+    :mod:`fastper.agents.resume`).
 
     Returns:
         The :class:`RunResult`: episode returns and the steps they ended at,
@@ -239,6 +254,8 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
         ValueError: an action space that is not Discrete, or a ``network``
             that does not fit the observations.
         ImportError: a MinAtar id without the minatar package.
+        ResumeError: ``resume`` without a checkpoint in ``out_dir``, with one
+            of another config, or with a damaged one.
     """
     cfg = config
     torch.manual_seed(cfg.seed)
@@ -257,15 +274,29 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
     q_target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.lr, foreach=True)
     # evaluation draws (eval_epsilon > 0) from its own generator: training is not disturbed
-    evaluate = greedy_policy(q, device, cfg.eval_epsilon, np.random.default_rng([cfg.seed, 1]))
+    eval_rng = np.random.default_rng([cfg.seed, 1])
+    evaluate = greedy_policy(q, device, cfg.eval_epsilon, eval_rng)
+    agent = AgentParts(
+        modules={"q": q, "q_target": q_target},
+        optimizers={"adam": optimizer},
+        generators={"explore": rng, "eval": eval_rng},
+    )
 
-    buffer = agent_replay(cfg, envs)
-    run = Collector("dqn", cfg, envs, buffer, out_dir, progress)
+    try:
+        saved = None if not resume else read_checkpoint(_out_dir(out_dir), "dqn", cfg)
+        buffer = agent_replay(cfg, envs) if saved is None else saved.buffer
+        run = Collector("dqn", cfg, envs, buffer, out_dir, progress, saved=saved)
+    except BaseException:  # a refused resume: nothing is left open
+        envs.close()
+        raise
     k = cfg.num_envs
     iterations = vector_steps(cfg)
     grad_steps = 0
+    if saved is not None:
+        agent.load(saved.state)  # torch's generator too: after everything that draws from it
+        grad_steps = int(saved.meta["counters"]["grad_steps"])
     decay = int(cfg.eps_fraction * cfg.total_steps)
-    for it in range(1, iterations + 1):
+    for it in range(run.iteration + 1, iterations + 1):
         step = it * k  # environment steps once this step of every env is taken
         eps = linear_epsilon(step, cfg.eps_start, cfg.eps_end, decay)
         explore = rng.random(k) < eps
@@ -296,4 +327,7 @@ def train(config: DQNConfig, out_dir: str | Path | None = None, progress: bool =
                 run.log.scalar("train/loss", loss, step)
                 run.log.scalar("train/beta", buffer.beta, step)
         run.maybe_evaluate(step, evaluate, final=it == iterations)
+        if it < iterations:
+            run.maybe_checkpoint(agent, {"grad_steps": grad_steps})
+    run.checkpoint(agent, {"grad_steps": grad_steps}, final=True)
     return run.close()

@@ -2,7 +2,8 @@
 
 Layout of an output directory: ``OUT/<algo>-<env>-<replay>/seed-<k>/`` holds
 ``config.json``, ``episodes.csv``, ``evaluations.csv`` and ``summary.json`` of
-one run (see ``_common.RunLogger``).
+one run (see ``_common.RunLogger``), and ``checkpoints/`` while it runs
+(``checkpoint_every``; see :mod:`fastper.agents.resume`).
 """
 
 from __future__ import annotations
@@ -259,29 +260,94 @@ def run_dir(out: str | Path, algo: str, env_id: str, replay: str, seed: int) -> 
 
 
 def _train_one(
-    algo: str, settings: dict[str, Any], out: str, progress: bool, threads: int
+    algo: str,
+    settings: dict[str, Any],
+    out: str,
+    progress: bool,
+    threads: int,
+    resume: tuple[bool, int | None] = (False, None),
 ) -> tuple[str, int, float, int, float]:
     """One run (in this process or a pool's): (replay, seed, last-10 return, episodes, s).
 
     ``progress`` is the run's own bar or lines on stderr (see ``_common.Progress``).
+    ``resume``: (continue from the run's checkpoint, the torch threads it ran
+    with, used instead of ``threads`` so that it continues bit for bit).
     """
     import torch
 
-    torch.set_num_threads(threads)
+    again, saved_threads = resume
+    torch.set_num_threads(saved_threads if again and saved_threads else threads)
     cls = config_class(algo)
     cfg = cls(**settings)
     path = run_dir(out, algo, cfg.env_id, cfg.replay, cfg.seed)
     if algo == "dqn":
         from .dqn import train as train_dqn
 
-        res = train_dqn(cfg, out_dir=path, progress=progress)
+        res = train_dqn(cfg, out_dir=path, progress=progress, resume=again)
     else:
         from .sac import train as train_sac
 
-        res = train_sac(cfg, out_dir=path, progress=progress)
-    tail = res.returns[-10:]
+        res = train_sac(cfg, out_dir=path, progress=progress, resume=again)
+    return _outcome(cfg, res.returns, res.wall_s)
+
+
+def _outcome(
+    cfg: Any, returns: Sequence[float], wall_s: float
+) -> tuple[str, int, float, int, float]:
+    tail = returns[-10:]
     last = sum(tail) / len(tail) if tail else float("nan")
-    return cfg.replay, cfg.seed, last, len(res.returns), res.wall_s
+    return cfg.replay, cfg.seed, last, len(returns), wall_s
+
+
+def plan_resume(
+    algo: str, jobs: Sequence[dict[str, Any]], out: str | Path, threads: int | None
+) -> tuple[list[tuple[bool, int | None]], dict[int, tuple[str, int, float, int, float]]]:
+    """How ``--resume`` takes up each planned run: (per run: continue?, its threads; finished ones).
+
+    A run with a checkpoint continues from it (with the torch threads it ran
+    with, unless ``threads`` is given); a finished one (final checkpoint and
+    ``summary.json``) is not run again, its results are read back; one
+    without a checkpoint (never started, or stopped before its first
+    checkpoint) starts from the beginning. Every checkpoint is read and checked (config, digests) first.
+
+    Raises:
+        SettingsError: no run under ``out`` has a checkpoint, or one's config
+            differs from the command's, or one is damaged.
+    """
+    from ._common import SUMMARY_JSON
+    from .resume import ResumeError, latest, verify
+
+    cls = config_class(algo)
+    plan: list[tuple[bool, int | None]] = []
+    finished: dict[int, tuple[str, int, float, int, float]] = {}
+    problems = []
+    for i, settings in enumerate(jobs):
+        cfg = cls(**settings)
+        path = run_dir(out, algo, cfg.env_id, cfg.replay, cfg.seed)
+        if latest(path) is None:
+            plan.append((False, None))
+            continue
+        try:
+            saved = verify(path, algo, cfg)
+        except ResumeError as exc:
+            problems.append(str(exc))
+            plan.append((False, None))
+            continue
+        plan.append((True, None if threads is not None else saved.meta.get("torch_threads")))
+        if saved.final and (path / SUMMARY_JSON).exists():
+            col = saved.state["collector"]
+            returns = [float(x) for x in col["episode_returns"]]
+            finished[i] = _outcome(cfg, returns, float(saved.meta["wall_s"]))
+    if problems:
+        raise SettingsError("; ".join(problems))
+    if not any(again for again, _ in plan):
+        raise SettingsError(
+            f"--resume: no run under {out} has a checkpoint to continue (looked in "
+            f"{run_dir(out, algo, jobs[0]['env_id'], jobs[0]['replay'], jobs[0]['seed'])}"
+            + (" and the others" if len(jobs) > 1 else "")
+            + "); check --out and the other options, or start the runs without --resume"
+        )
+    return plan, finished
 
 
 def train_many(
@@ -295,8 +361,12 @@ def train_many(
     workers: int = 1,
     progress: bool = True,
     threads: int | None = None,
+    resume: bool = False,
 ) -> list[tuple[str, int, float, int, float]]:
     """Train ``algo`` for every (replay, seed); returns (replay, seed, last-10 return, episodes, s).
+
+    With ``resume``, runs continue from their checkpoints bit for bit and
+    finished ones are not run again (see :func:`plan_resume`).
 
     With ``workers > 1`` runs go to that many processes (spawned; never more
     than there are runs). Each run uses ``threads`` torch threads (default
@@ -308,6 +378,10 @@ def train_many(
     """
     jobs = plan_runs(algo, env_id, replays, seeds, steps, overrides)
     out = Path(out)
+    plan: list[tuple[bool, int | None]] = [(False, None)] * len(jobs)
+    finished: dict[int, tuple[str, int, float, int, float]] = {}
+    if resume:
+        plan, finished = plan_resume(algo, jobs, out, threads)
     # directories this call creates: removed again if a failure leaves them empty
     fresh = _new_dirs(out)
     for s in jobs:
@@ -315,7 +389,15 @@ def train_many(
         fresh += [d for d in (path, path.parent) if not d.exists()]
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _run_jobs(algo, jobs, replays, out, workers, progress, threads)
+        todo = [i for i in range(len(jobs)) if i not in finished]
+        if progress and finished:
+            _say(f"--resume: {len(finished)} run(s) had finished already", None, False)
+        results = _run_jobs(
+            algo, [jobs[i] for i in todo], replays, out, workers, progress, threads,
+            [plan[i] for i in todo],
+        )  # fmt: skip
+        order = {r: i for i, r in enumerate(replays)}
+        return sorted([*results, *finished.values()], key=lambda r: (order[r[0]], r[1]))
     except BaseException:
         _remove_empty(fresh)
         raise
@@ -348,6 +430,7 @@ def _run_jobs(
     workers: int,
     progress: bool,
     threads: int | None,
+    plan: Sequence[tuple[bool, int | None]] | None = None,
 ) -> list[tuple[str, int, float, int, float]]:
     """Run ``jobs`` here (one worker) or in a pool of spawned processes; results in plan order.
 
@@ -355,7 +438,10 @@ def _run_jobs(
     queue, in the pool's initializer) and share one lock for drawing. If a run
     fails, runs not yet started are cancelled and the error is raised.
     """
-    results = []
+    results: list[tuple[str, int, float, int, float]] = []
+    if not jobs:
+        return results
+    plan = list(plan) if plan is not None else [(False, None)] * len(jobs)
     t0 = time.perf_counter()
     workers = max(1, min(workers, len(jobs)))
     if threads is None:
@@ -369,8 +455,8 @@ def _run_jobs(
         how = "a bar per run" if tty else "a line per run every 10% of its steps or 15 s"
         _say(f"training {len(jobs)} run(s) of {algo} {where}; progress: {how}", None, tty)
     if workers == 1:
-        for s in jobs:
-            results.append(_train_one(algo, s, str(out), progress, threads))
+        for s, again in zip(jobs, plan, strict=True):
+            results.append(_train_one(*_job_args(algo, s, out, progress, threads, again)))
         return sorted(results, key=lambda r: (order[r[0]], r[1]))
     ctx = multiprocessing.get_context("spawn")
     lock = ctx.RLock()  # tqdm's own lock is made in the default (fork) context: not shareable
@@ -380,7 +466,10 @@ def _run_jobs(
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock)
     ) as pool:
-        futures = [pool.submit(_train_one, algo, s, str(out), progress, threads) for s in jobs]
+        futures = [
+            pool.submit(_train_one, *_job_args(algo, s, out, progress, threads, again))
+            for s, again in zip(jobs, plan, strict=True)
+        ]
         try:
             for done, fut in enumerate(as_completed(futures), 1):
                 r = fut.result()
@@ -397,6 +486,19 @@ def _run_jobs(
                 fut.cancel()
             raise
     return sorted(results, key=lambda r: (order[r[0]], r[1]))
+
+
+def _job_args(
+    algo: str,
+    settings: dict[str, Any],
+    out: Path,
+    progress: bool,
+    threads: int,
+    resume: tuple[bool, int | None],
+) -> tuple[Any, ...]:
+    """The arguments of :func:`_train_one` for one run (``resume`` only when it resumes)."""
+    args: tuple[Any, ...] = (algo, settings, str(out), progress, threads)
+    return (*args, resume) if resume[0] else args
 
 
 def _init_worker(slots: Any, lock: Any) -> None:

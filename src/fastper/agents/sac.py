@@ -43,6 +43,9 @@ from ._common import (
     phases_due,
     vector_steps,
 )
+from .resume import AgentParts
+from .resume import out_dir_of as _out_dir
+from .resume import read as read_checkpoint
 
 try:
     import torch
@@ -86,6 +89,7 @@ class SACConfig:
     eval_episodes: int = 5  # episodes per evaluation (deterministic: the mean action)
     eval_max_steps: int = 27_000  # cap on an evaluation episode's length
     device: str = "cpu"  # torch device
+    checkpoint_every: int = 25_000  # env steps between checkpoints in the run's directory (0: none)
 
     def __post_init__(self) -> None:
         check_config(
@@ -251,7 +255,12 @@ def deterministic_policy(actor: Actor, device: Any) -> Callable[[np.ndarray], np
     return act
 
 
-def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
+def train(
+    config: SACConfig,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    resume: bool = False,
+) -> RunResult:
     """Train SAC on ``config.env_id``; log episodes and evaluations to ``out_dir``.
 
     Runs ``total_steps // num_envs`` steps of the ``num_envs`` envs together;
@@ -260,6 +269,12 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
     ``gradient_steps`` updates comes at every multiple of ``train_freq``
     environment steps past ``learning_starts``.
 
+    With ``checkpoint_every`` > 0 and ``out_dir``, the run checkpoints itself
+    into ``out_dir/checkpoints/`` every ``checkpoint_every`` environment steps
+    and at its end; ``resume=True`` continues from the newest checkpoint
+    there, and the run ends exactly as an uninterrupted one would (see
+    :mod:`fastper.agents.resume`).
+
     Returns:
         The :class:`RunResult`: episode returns and the steps they ended at,
         and the evaluations.
@@ -267,6 +282,8 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
     Raises:
         ValueError: an action space that is not Box, or observations that
             are not flat (1-D).
+        ResumeError: ``resume`` without a checkpoint in ``out_dir``, with one
+            of another config, or with a damaged one.
     """
     cfg = config
     torch.manual_seed(cfg.seed)
@@ -290,12 +307,25 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
     st = make_state(obs_dim, act_dim, low, high, cfg, device)
     evaluate = deterministic_policy(st.actor, device)
 
-    buffer = agent_replay(cfg, envs)
-    run = Collector("sac", cfg, envs, buffer, out_dir, progress)
+    agent = AgentParts(
+        modules={"actor": st.actor, "critic": st.critic, "critic_target": st.critic_target},
+        optimizers={"actor": st.actor_opt, "critic": st.critic_opt, "temperature": st.temp_opt},
+        tensors={"log_temp": st.log_temp},
+    )
+    try:
+        saved = None if not resume else read_checkpoint(_out_dir(out_dir), "sac", cfg)
+        buffer = agent_replay(cfg, envs) if saved is None else saved.buffer
+        run = Collector("sac", cfg, envs, buffer, out_dir, progress, saved=saved)
+    except BaseException:  # a refused resume: nothing is left open
+        envs.close()
+        raise
     k = cfg.num_envs
     iterations = vector_steps(cfg)
     grad_steps = 0
-    for it in range(1, iterations + 1):
+    if saved is not None:
+        agent.load(saved.state)  # torch's generator too: after everything that draws from it
+        grad_steps = int(saved.meta["counters"]["grad_steps"])
+    for it in range(run.iteration + 1, iterations + 1):
         step = it * k  # environment steps once this step of every env is taken
         if step <= cfg.learning_starts:
             actions = run.random_actions().astype(np.float32)
@@ -317,4 +347,7 @@ def train(config: SACConfig, out_dir: str | Path | None = None, progress: bool =
                 for name, value in losses.items():
                     run.log.scalar(f"train/{name}", value, step)
         run.maybe_evaluate(step, evaluate, final=it == iterations)
+        if it < iterations:
+            run.maybe_checkpoint(agent, {"grad_steps": grad_steps})
+    run.checkpoint(agent, {"grad_steps": grad_steps}, final=True)
     return run.close()
