@@ -234,12 +234,17 @@ def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
         except OSError:
             pass
         raise
-    try:  # make the rename itself durable
-        dfd = os.open(target.parent or ".", os.O_RDONLY)
+    fsync_dir(target.parent or Path("."))  # make the rename itself durable
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Make the entries of directory ``path`` (a rename into it) durable, where the OS can."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
-            os.fsync(dfd)
+            os.fsync(fd)
         finally:
-            os.close(dfd)
+            os.close(fd)
     except OSError:  # pragma: no cover - platform dependent
         pass
 

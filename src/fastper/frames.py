@@ -65,6 +65,7 @@ import numpy as np
 
 from ._kernels import frames as _fk
 from ._validation import check_int, show
+from .nstep import check_env_ids, lookup_rows, sort_ids
 from .storage import Field
 
 PADS = ("zero", "repeat")
@@ -182,36 +183,10 @@ class FrameStore:
                 )
             ids = np.zeros(1, dtype=np.int64)
         else:
-            arr = np.asarray(env_ids)
-            if arr.ndim == 0:
-                arr = arr.reshape(1)
-            if arr.ndim != 1 or arr.shape[0] != k or arr.dtype.kind not in "iu":
-                raise ValueError(
-                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(env_ids)}"
-                )
-            if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
-                raise ValueError(f"`env_ids` must be >= 0, got env_ids={show(arr)}")
-            ids = arr.astype(np.int64)
-        n_known = self._ids.shape[0]
+            ids = check_env_ids(k, env_ids)
         if self._sorted is None:
-            order = np.argsort(self._ids, kind="stable")
-            self._sorted = (self._ids[order], order.astype(np.int64))
-        sids, srows = self._sorted
-        rows = np.empty(k, dtype=np.int64)
-        hit = np.zeros(k, dtype=bool)
-        if sids.shape[0]:
-            pos = np.minimum(np.searchsorted(sids, ids), sids.shape[0] - 1)
-            hit = sids[pos] == ids
-            rows[hit] = srows[pos[hit]]
-        if hit.all():
-            return rows, []
-        miss = ids[~hit]
-        uniq, first = np.unique(miss, return_index=True)
-        order = np.argsort(first, kind="stable")
-        new_row = np.empty(uniq.shape[0], dtype=np.int64)
-        new_row[order] = n_known + np.arange(uniq.shape[0], dtype=np.int64)
-        rows[~hit] = new_row[np.searchsorted(uniq, miss)]
-        return rows, uniq[order].tolist()
+            self._sorted = sort_ids(self._ids)
+        return lookup_rows(self._sorted, self._ids.shape[0], ids)
 
     # -- the two-phase add -------------------------------------------------------------
     def plan(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> FramePlan:

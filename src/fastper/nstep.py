@@ -351,27 +351,7 @@ class NStepWriter:
 
     # -- streams ---------------------------------------------------------------------
     def _check_ids(self, k: int, env_ids: Any) -> np.ndarray:
-        arr = to_numpy(env_ids)
-        if arr.ndim == 0 and k == 1:
-            arr = arr.reshape(1)
-        if arr.ndim != 1:
-            raise ValueError(
-                f"`env_ids` must be 1-D with one id per row ({k}), got env_ids with "
-                f"shape {arr.shape}"
-            )
-        if arr.dtype.kind not in "iu":
-            raise TypeError(
-                f"`env_ids` must hold integers, got env_ids with dtype {arr.dtype}: {show(arr)}"
-            )
-        if arr.shape[0] != k:
-            raise ValueError(
-                f"`env_ids` must have one id per row ({k}), got {arr.shape[0]} ids: {show(arr)}"
-            )
-        if arr.dtype.kind == "i" and int(arr.min()) < 0:
-            raise ValueError(f"`env_ids` must be >= 0, got env_ids={show(arr)}")
-        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > 2**63 - 1:
-            raise ValueError(f"`env_ids` must be < 2**63, got env_ids={show(arr)}")
-        return arr.astype(np.int64, copy=False)
+        return check_env_ids(k, env_ids)
 
     def _rows(self, k: int, env_ids: Any) -> tuple[int | np.ndarray | None, list[int]]:
         """Check the stream information: the batch's stream row(s), new ids.
@@ -431,26 +411,8 @@ class NStepWriter:
         """Rows of ``ids`` and the new ids (rows after the known ones, in order
         of first appearance). O(k log S), vectorized."""
         if self._sorted is None:
-            known = self._ids[: self._n_rows]
-            order = np.argsort(known, kind="stable")
-            self._sorted = (known[order], order.astype(np.int64))
-        sids, srows = self._sorted
-        if sids.shape[0]:
-            pos = np.minimum(np.searchsorted(sids, ids), sids.shape[0] - 1)
-            hit = sids[pos] == ids
-            rows = srows[pos]
-            if hit.all():
-                return rows, []
-        else:
-            hit = np.zeros(ids.shape[0], dtype=bool)
-            rows = np.zeros(ids.shape[0], dtype=np.int64)
-        miss = ids[~hit]
-        uniq, first = np.unique(miss, return_index=True)
-        order = np.argsort(first, kind="stable")
-        new_row = np.empty(uniq.shape[0], dtype=np.int64)
-        new_row[order] = self._n_rows + np.arange(uniq.shape[0], dtype=np.int64)
-        rows[~hit] = new_row[np.searchsorted(uniq, miss)]
-        return rows, uniq[order].tolist()
+            self._sorted = sort_ids(self._ids[: self._n_rows])
+        return lookup_rows(self._sorted, self._n_rows, ids)
 
     # -- the two-phase add -------------------------------------------------------------
     def prepare(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any = None) -> NStepPlan:
@@ -926,6 +888,63 @@ class NStepWriter:
                     )
                 pending[name] = arr
         return ids, lengths, skip, dropped, pending
+
+
+def check_env_ids(k: int, env_ids: Any) -> np.ndarray:
+    """``env_ids`` of an add of ``k`` rows as int64 (one id >= 0 per row), or a clear error."""
+    arr = to_numpy(env_ids)
+    if arr.ndim == 0 and k == 1:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(
+            f"`env_ids` must be 1-D with one id per row ({k}), got env_ids with shape {arr.shape}"
+        )
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"`env_ids` must hold integers, got env_ids with dtype {arr.dtype}: {show(arr)}"
+        )
+    if arr.shape[0] != k:
+        raise ValueError(
+            f"`env_ids` must have one id per row ({k}), got {arr.shape[0]} ids: {show(arr)}"
+        )
+    if arr.dtype.kind == "i" and int(arr.min()) < 0:
+        raise ValueError(f"`env_ids` must be >= 0, got env_ids={show(arr)}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > 2**63 - 1:
+        raise ValueError(f"`env_ids` must be < 2**63, got env_ids={show(arr)}")
+    return arr.astype(np.int64, copy=False)
+
+
+def sort_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids sorted, their rows): the index :func:`lookup_rows` searches. O(S log S)."""
+    order = np.argsort(ids, kind="stable")
+    return ids[order], order.astype(np.int64)
+
+
+def lookup_rows(
+    index: tuple[np.ndarray, np.ndarray], n_known: int, ids: np.ndarray
+) -> tuple[np.ndarray, list[int]]:
+    """Stream rows of ``ids`` and the new ids, in order of first appearance.
+
+    ``index`` is :func:`sort_ids` of the ``n_known`` known ids; a new id gets
+    row ``n_known``, ``n_known + 1``, ... by first appearance. O(k log S).
+    """
+    sids, srows = index
+    if sids.shape[0]:
+        pos = np.minimum(np.searchsorted(sids, ids), sids.shape[0] - 1)
+        hit = sids[pos] == ids
+        rows = srows[pos]
+        if hit.all():
+            return rows, []
+    else:
+        hit = np.zeros(ids.shape[0], dtype=bool)
+        rows = np.zeros(ids.shape[0], dtype=np.int64)
+    miss = ids[~hit]
+    uniq, first = np.unique(miss, return_index=True)
+    order = np.argsort(first, kind="stable")
+    new_row = np.empty(uniq.shape[0], dtype=np.int64)
+    new_row[order] = n_known + np.arange(uniq.shape[0], dtype=np.int64)
+    rows[~hit] = new_row[np.searchsorted(uniq, miss)]
+    return rows, uniq[order].tolist()
 
 
 def _array(state: Mapping[str, Any], key: str) -> np.ndarray:

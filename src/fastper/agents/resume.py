@@ -44,7 +44,6 @@ after it (by a run that crashed later) are not repeated.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -54,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import read_state, write_state
+from ..checkpoint import fsync_dir, read_state, write_state
 from ..errors import CheckpointError
 
 SCHEMA = 1
@@ -107,17 +106,6 @@ def clear(run_dir: str | Path) -> None:
     shutil.rmtree(Path(run_dir) / CHECKPOINTS, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # pragma: no cover - platform dependent
-        pass
-
-
 def write(run_dir: str | Path, step: int, state: Mapping[str, Any], buffer: Any) -> Path:
     """Write checkpoint ``step-<step>`` of a run atomically; returns its directory. O(buffer + steps).
 
@@ -135,9 +123,9 @@ def write(run_dir: str | Path, step: int, state: Mapping[str, Any], buffer: Any)
         tmp.mkdir()
         buffer.save(tmp / BUFFER_FILE)
         write_state(tmp / RUN_FILE, state)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         tmp.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
     for p in root.iterdir():
         if p != final:
             shutil.rmtree(p, ignore_errors=True)
