@@ -12,7 +12,10 @@
 # allows: replay 100k, batch 32, lr 2.5e-4 (Adam here, RMSProp there), one
 # gradient step per env step after 5,000 steps, hard target copy every 1,000
 # gradient steps, epsilon 1 -> 0.1 over the first 100k steps (MinAtar: 100k
-# frames), gamma 0.99. Budget: STEPS env steps per run (MinAtar's runs: 5M).
+# frames), gamma 0.99. Budget: STEPS env steps per run (MinAtar's runs: 5M
+# frames; MinAtar has no frame skip, so a frame is a step). The -v0 ids: the
+# full 6-action set, as in the MinAtar paper's runs (-v1 is the minimal set);
+# MinAtar's defaults otherwise (sticky actions 0.1, difficulty ramping).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${STEPS:-100000}"
@@ -23,7 +26,7 @@ if [ ${#GAMES[@]} -eq 0 ]; then
   GAMES=(Breakout Asterix SpaceInvaders Freeway Seaquest)
 fi
 for game in "${GAMES[@]}"; do
-  args=(train dqn --env "MinAtar/${game}-v1" --replay uniform per rank --seeds 5
+  args=(train dqn --env "MinAtar/${game}-v0" --replay uniform per rank --seeds 5
         --steps "$STEPS" --workers 2 --threads 1 --out "$OUT/$game"
         --set buffer_size=100000 --set batch_size=32 --set lr=2.5e-4
         --set learning_starts=5000 --set train_freq=1 --set target_update=1000

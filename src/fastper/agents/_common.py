@@ -20,12 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import schedules
-from ..buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, _Buffer
-from ..storage import FieldLike
+from ..buffers import _Buffer
+from .replay import (  # noqa: F401 - re-exported: the agents import them from here
+    REPLAYS,
+    agent_replay,
+    check_options,
+    check_replay,
+    make_replay,
+    phases_due,
+    samples_by,
+    vector_steps,
+)
 from .resume import ActionLog
 
-REPLAYS = ("uniform", "per", "rank")
 NETWORKS = ("auto", "mlp", "cnn")
 EPISODES_CSV = "episodes.csv"
 EVALUATIONS_CSV = "evaluations.csv"
@@ -108,96 +115,6 @@ def resolve_network(network: str, obs_shape: tuple[int, ...], env_id: str) -> st
             f"{shape} for {env_id}; use network='mlp' or 'auto'"
         )
     return network
-
-
-def vector_steps(cfg: Any) -> int:
-    """Calls of ``envs.step`` in a run: ``total_steps // num_envs`` (a remainder is not run)."""
-    return int(cfg.total_steps) // int(cfg.num_envs)
-
-
-def phases_due(step: int, num_envs: int, learning_starts: int, train_freq: int) -> int:
-    """Training phases due after the vector step that brought the env-step count to ``step``.
-
-    A phase is due at every multiple of ``train_freq`` environment steps
-    above ``learning_starts``; one vector step (``num_envs`` env steps) can
-    pass several of them, or none. With one env: 1 if ``step >
-    learning_starts`` and ``step % train_freq == 0``, else 0.
-    """
-    lo = max(step - num_envs, learning_starts)
-    return max(0, step // train_freq - lo // train_freq)
-
-
-def check_replay(replay: Any) -> None:
-    if replay not in REPLAYS:
-        raise ValueError(f"`replay` must be one of {list(REPLAYS)}, got replay={replay!r}")
-
-
-def make_replay(
-    replay: str,
-    capacity: int,
-    fields: Mapping[str, FieldLike],
-    *,
-    alpha: float | None,
-    beta0: float | None,
-    anneal_samples: int,
-    n_step: int = 1,
-    gamma: float = 0.99,
-    eps: float = 1e-6,
-    seed: int | None = None,
-    n_envs: int | None = None,
-    autoreset: str | None = None,
-) -> _Buffer:
-    """A replay buffer of kind ``replay`` ("uniform", "per" or "rank").
-
-    ``alpha`` / ``beta0`` default to the paper's choices for the kind
-    (proportional 0.6 / 0.4, rank-based 0.7 / 0.5); beta rises linearly from
-    ``beta0`` to 1 over ``anneal_samples`` calls to ``sample`` and stays at 1.
-    ``n_envs`` / ``autoreset``: every ``add`` is one step of each of ``n_envs``
-    envs, each with its own n-step window (see :mod:`fastper.nstep`).
-    """
-    check_replay(replay)
-    common: dict[str, Any] = {
-        "n_step": n_step, "gamma": gamma, "seed": seed, "eps": eps,
-        "n_envs": n_envs, "autoreset": autoreset,
-    }  # fmt: skip
-    if replay == "uniform":
-        return ReplayBuffer(capacity, fields, **common)
-    cls: type[_Buffer] = PrioritizedReplayBuffer if replay == "per" else RankBasedReplayBuffer
-    a = cls._default_alpha if alpha is None else alpha
-    b0 = cls._default_beta if beta0 is None else beta0
-    beta = schedules.linear(b0, 1.0, max(1, int(anneal_samples)))
-    return cls(capacity, fields, alpha=a, beta=beta, **common)
-
-
-def agent_replay(cfg: Any, envs: Any) -> _Buffer:
-    """The replay buffer an agent config asks for, fed by the vector env ``envs``.
-
-    Fields come from ``envs``' single observation and action spaces (an
-    observation keeps its dtype: MinAtar's bool grids take one byte a cell);
-    each of the ``cfg.num_envs`` envs is its own n-step stream. Beta is
-    annealed over every ``sample`` call of the run: one per gradient step,
-    ``gradient_steps`` per training phase, a phase at every multiple of
-    ``train_freq`` environment steps after ``learning_starts``.
-    """
-    from ..spaces import fields_from_spaces
-    from ..vector import autoreset_mode
-
-    used = vector_steps(cfg) * cfg.num_envs
-    phases = phases_due(used, used, cfg.learning_starts, cfg.train_freq)
-    return make_replay(
-        cfg.replay,
-        cfg.buffer_size,
-        fields_from_spaces(envs.single_observation_space, envs.single_action_space),
-        alpha=cfg.alpha,
-        beta0=cfg.beta0,
-        anneal_samples=phases * cfg.gradient_steps,
-        n_step=cfg.n_step,
-        gamma=cfg.gamma,
-        eps=cfg.priority_eps,
-        seed=cfg.seed,
-        n_envs=cfg.num_envs,
-        autoreset=autoreset_mode(envs),  # None: make_vec_env turns Gymnasium's autoreset off
-    )
 
 
 @dataclass
@@ -563,6 +480,7 @@ def check_config(cfg: Any, positive: tuple[str, ...], fractions: tuple[str, ...]
     network = getattr(cfg, "network", "auto")
     if network not in NETWORKS:
         raise ValueError(f"`network` must be one of {list(NETWORKS)}, got network={network!r}")
+    check_options(cfg)
 
 
 def linear_epsilon(step: int, start: float, end: float, duration: int) -> float:

@@ -5,8 +5,10 @@ The loss is the importance-sampling-weighted Huber loss of the Double DQN
 target ``r + discount * Q_target(s', argmax_a Q(s', a))``; the absolute TD
 errors go back to the buffer as priorities, with the sample's keys so that
 errors for slots overwritten meanwhile are dropped. Beta rises linearly to 1
-over all the training's sample calls. With ``n_step > 1`` the buffer stores
-n-step returns and the bootstrap ``discount`` (gamma^m, or 0 on termination).
+over all the training's sample calls (``beta_schedule``: or along a cosine;
+the options beyond the paper's are described in :mod:`.replay`). With
+``n_step > 1`` the buffer stores n-step returns and the bootstrap
+``discount`` (gamma^m, or 0 on termination).
 
 Several envs (``num_envs``) are stepped together, one n-step window each;
 ``total_steps``, ``learning_starts``, ``train_freq`` and the exploration
@@ -38,6 +40,7 @@ from ._common import (
     resolve_network,
     vector_steps,
 )
+from .replay import clip_threshold
 from .resume import AgentParts
 from .resume import out_dir_of as _out_dir
 from .resume import read as read_checkpoint
@@ -81,6 +84,13 @@ class DQNConfig:
     alpha: float | None = None  # priority exponent (None: paper default of the replay kind)
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
+    beta_schedule: str = "linear"  # beta0 -> 1 over the run: "linear" or "cosine" (half-cosine)
+    weight_norm: str = "buffer"  # IS weights / their max over the "buffer" (paper) or the "batch"
+    alpha_end: float | None = None  # alpha moves linearly to this over the run (None: constant)
+    switch_at: float = 0.0  # replay="rank": proportional from this share of total_steps (0: never)
+    priority_noise_late: float = 0.0  # sigma of |td| * exp(sigma z) from the switch on (0: none)
+    grad_clip_is: float = 0.0  # also clip grad norm at this x batch max IS weight (0: off)
+    new_priority: str = "ever"  # new p: max "ever" (paper) or max held now, "max_td"
     eval_every: int = 5_000  # environment steps between evaluations (0: none, not even at the end)
     eval_episodes: int = 5  # episodes per evaluation
     eval_epsilon: float = 0.0  # random-action rate in evaluation (0: greedy)
@@ -196,12 +206,16 @@ def td_step(
     batch: dict[str, Any],
     gamma: float,
     max_grad_norm: float,
+    grad_clip_is: float = 0.0,
 ) -> tuple[Any, float]:
     """One gradient step on a batch from ``SampleBatch.to_torch``.
 
     Returns the absolute TD errors (detached, one per sample) and the loss.
     The loss is ``mean_i w_i * huber(delta_i)``: the IS weights scale each
-    sample's gradient, as in Algorithm 1 of the paper.
+    sample's gradient, as in Algorithm 1 of the paper. The gradient norm is
+    clipped at ``max_grad_norm``, or at ``grad_clip_is`` times the batch's
+    largest IS weight where that is smaller (``grad_clip_is`` > 0, see
+    :mod:`.replay`).
     """
     obs = batch["obs"]  # in the stored dtype: the networks read it as float32
     actions = batch["action"].long().reshape(-1, 1)
@@ -221,7 +235,7 @@ def td_step(
     loss = (weights * F.smooth_l1_loss(q_sa, target, reduction="none")).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    nn.utils.clip_grad_norm_(q.parameters(), max_grad_norm)
+    nn.utils.clip_grad_norm_(q.parameters(), clip_threshold(max_grad_norm, grad_clip_is, weights))
     optimizer.step()
     return delta.detach().abs(), float(loss.item())
 
@@ -315,8 +329,9 @@ def train(
             for _ in range(cfg.gradient_steps):
                 sample = buffer.sample(cfg.batch_size)
                 abs_td, loss = td_step(
-                    q, q_target, optimizer, sample.to_torch(device), cfg.gamma, cfg.max_grad_norm
-                )
+                    q, q_target, optimizer, sample.to_torch(device), cfg.gamma,
+                    cfg.max_grad_norm, cfg.grad_clip_is,
+                )  # fmt: skip
                 buffer.update_priorities(sample.indices, abs_td, keys=sample.keys)
                 grad_steps += 1
                 if grad_steps % cfg.target_update == 0:

@@ -43,6 +43,7 @@ after it (by a run that crashed later) are not repeated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -152,13 +153,33 @@ def config_record(config: Any) -> dict[str, Any]:
     return dict(json.loads(json.dumps(asdict(config))))
 
 
+def config_defaults(config: Any) -> dict[str, Any]:
+    """The defaults of ``config``'s dataclass fields, as the JSON values a checkpoint holds."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return dict(json.loads(json.dumps(out)))
+
+
 def config_differences(saved: Mapping[str, Any], config: Any) -> list[str]:
-    """``name=saved (now)`` for each field of ``config`` that differs from the saved config."""
+    """``name=saved (now)`` for each field of ``config`` that differs from the saved config.
+
+    A field the saved config lacks (a checkpoint written before the field
+    existed) counts as its default: such a run computed what the default
+    computes, so it resumes with the field at its default and is refused
+    with any other value.
+    """
     now = config_record(config)
+    defaults = config_defaults(config)
+    old = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     return [
-        f"{k}={saved.get(k, '<missing>')!r} (now {now.get(k, '<missing>')!r})"
-        for k in sorted(now.keys() | saved.keys())
-        if k not in FREE_FIELDS and saved.get(k, "<missing>") != now.get(k, "<missing>")
+        f"{k}={old.get(k, '<missing>')!r} (now {now.get(k, '<missing>')!r})"
+        + (" (the checkpoint predates the field: its default)" if k not in saved else "")
+        for k in sorted(now.keys() | old.keys())
+        if k not in FREE_FIELDS and old.get(k, "<missing>") != now.get(k, "<missing>")
     ]
 
 

@@ -43,6 +43,7 @@ from ._common import (
     phases_due,
     vector_steps,
 )
+from .replay import clip_threshold
 from .resume import AgentParts
 from .resume import out_dir_of as _out_dir
 from .resume import read as read_checkpoint
@@ -85,6 +86,13 @@ class SACConfig:
     alpha: float | None = None  # priority exponent (None: paper default of the replay kind)
     beta0: float | None = None  # initial IS exponent, annealed to 1 (None: paper default)
     priority_eps: float = 1e-6  # p_i = |delta_i| + priority_eps
+    beta_schedule: str = "linear"  # beta0 -> 1 over the run: "linear" or "cosine" (half-cosine)
+    weight_norm: str = "buffer"  # IS weights / their max over the "buffer" (paper) or the "batch"
+    alpha_end: float | None = None  # alpha moves linearly to this over the run (None: constant)
+    switch_at: float = 0.0  # replay="rank": proportional from this share of total_steps (0: never)
+    priority_noise_late: float = 0.0  # sigma of |td| * exp(sigma z) from the switch on (0: none)
+    grad_clip_is: float = 0.0  # clip critics' grad norm at this x batch max IS weight (0: off)
+    new_priority: str = "ever"  # new p: max "ever" (paper) or max held now, "max_td"
     eval_every: int = 1_500  # environment steps between evaluations (0: none, not even at the end)
     eval_episodes: int = 5  # episodes per evaluation (deterministic: the mean action)
     eval_max_steps: int = 27_000  # cap on an evaluation episode's length
@@ -164,12 +172,14 @@ class SACState:
 
 
 def update(
-    st: SACState, batch: dict[str, Any], gamma: float, tau: float
+    st: SACState, batch: dict[str, Any], gamma: float, tau: float, grad_clip_is: float = 0.0
 ) -> tuple[Any, dict[str, float]]:
     """One SAC gradient step on a batch from ``SampleBatch.to_torch``.
 
     Returns the per-sample priorities' TD errors (mean of the two critics'
-    absolute errors, detached) and the three losses.
+    absolute errors, detached) and the three losses. ``grad_clip_is`` > 0
+    clips the critics' gradient norm at ``grad_clip_is`` times the batch's
+    largest IS weight (see :mod:`.replay`); the actor's is not clipped.
     """
     obs = batch["obs"].float()
     act = batch["action"].float()
@@ -191,6 +201,9 @@ def update(
     critic_loss = (w * (d1.pow(2) + d2.pow(2))).mean() * 0.5
     st.critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
+    if grad_clip_is:
+        limit = clip_threshold(math.inf, grad_clip_is, w)
+        nn.utils.clip_grad_norm_(st.critic.parameters(), limit)
     st.critic_opt.step()
 
     new_act, logp = st.actor(obs)
@@ -340,7 +353,9 @@ def train(
         for _ in range(phases):
             for _ in range(cfg.gradient_steps):
                 sample = buffer.sample(cfg.batch_size)
-                td, losses = update(st, sample.to_torch(device), cfg.gamma, cfg.tau)
+                td, losses = update(
+                    st, sample.to_torch(device), cfg.gamma, cfg.tau, cfg.grad_clip_is
+                )
                 buffer.update_priorities(sample.indices, td, keys=sample.keys)
                 grad_steps += 1
             if grad_steps % 200 < cfg.gradient_steps:
