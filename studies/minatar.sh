@@ -32,7 +32,8 @@ for game in "${GAMES[@]}"; do
         --set learning_starts=5000 --set train_freq=1 --set target_update=1000
         --set tau=1 --set eps_end=0.1 --set eps_fraction="$(python3 -c "print(min(1.0, 100000 / $STEPS))")"
         --set eval_every=10000 --set eval_episodes=10 --set checkpoint_every=10000)
-  if [ -d "$OUT/$game" ]; then
+  # --resume once any run of this game has a checkpoint (a fresh start otherwise)
+  if [ -n "$(find "$OUT/$game" -maxdepth 4 -path '*/checkpoints/step-*' -print -quit 2>/dev/null)" ]; then
     "$FASTPER" "${args[@]}" --resume
   else
     "$FASTPER" "${args[@]}"
