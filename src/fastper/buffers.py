@@ -434,19 +434,22 @@ class _Buffer(StateMixin):
                 raise ValueError(
                     f"a batch must not complete more than capacity={cap} transitions, got {m}"
                 )
-            self._nstep.commit(plan)
+            # the rows first, the windows after: a storage whose write fails (a full
+            # disk) leaves the windows as they were too
             if m == 0:
-                return np.empty(0, dtype=np.int64)
-            if m <= cap:
-                return self._write(out, m, None)
-            # An episode end flushes pending windows with the batch: more than
-            # `capacity` may complete from a batch that fits. Written in ring order,
-            # so the ring keeps the last `capacity`, as if added one by one.
-            parts = [
-                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-                for lo in range(0, m, cap)
-            ]
-            return np.concatenate(parts)
+                slots = np.empty(0, dtype=np.int64)
+            elif m <= cap:
+                slots = self._write(out, m, None)
+            else:
+                # An episode end flushes pending windows with the batch: more than
+                # `capacity` may complete from a batch that fits. Written in ring order,
+                # so the ring keeps the last `capacity`, as if added one by one.
+                slots = np.concatenate([
+                    self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
+                    for lo in range(0, m, cap)
+                ])  # fmt: skip
+            self._nstep.commit(plan)
+            return slots
         prepared, k = self._storage.prepare(transition)
         if env_ids is not None:
             ids = to_numpy(env_ids).reshape(-1)
@@ -488,10 +491,8 @@ class _Buffer(StateMixin):
                 arr = to_numpy(priorities)
                 p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
                 self._sampler.check_priorities("priorities", p)
-        # every check has passed: nothing below can fail
-        frames.commit(fplan)
-        if nstep is not None:
-            nstep.commit(plan)
+        # every check has passed; the rows are written first, so a storage whose
+        # write fails (a full disk) leaves the frames and windows as they were
         first_key = self._writer.added
         if m == 0:
             slots = np.empty(0, dtype=np.int64)
@@ -502,6 +503,9 @@ class _Buffer(StateMixin):
                 self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
                 for lo in range(0, m, cap)
             ])  # fmt: skip
+        frames.commit(fplan)
+        if nstep is not None:
+            nstep.commit(plan)
         keys = first_key + np.arange(m, dtype=np.int64)
         frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys)
         self._sync_valid()

@@ -403,3 +403,50 @@ def test_frames_with_a_disk_storage(tmp_path: Any) -> None:
     buf.storage.close()
     with pytest.raises(DiskBufferError, match="frame_stack"):
         open_buffer(d, tmp_path / "c.fpk")
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_full_disk_leaves_frames_and_windows_unchanged(
+    tmp_path: Any, monkeypatch: Any, n: int
+) -> None:
+    import errno
+
+    from fastper import _disk_files
+    from fastper.disk import DiskStorage
+    from fastper.errors import DiskFullError
+
+    rng = np.random.default_rng(5)
+    counter = [0]
+    rows = stream_rows(rng, 0, 40, False, counter, 6)
+    assign_gids([rows])
+    by_id = {r.step_id: r for r in rows}
+
+    def make(f: Any, c: int) -> Any:
+        return DiskStorage(f, c, tmp_path / "d")
+
+    buf = PrioritizedReplayBuffer(
+        16, FIELDS, frame_stack={"obs": 3}, n_step=n, seed=0, storage=make
+    )
+    for r in rows[:20]:
+        buf.add(to_batch([r]), env_ids=0)
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_disk_files, "pwrite_all", full)
+    i = 20
+    while True:  # adds that only fill an n-step window write no row and succeed
+        fs = buf.frame_store
+        snap = (fs.added, buf.n_pending, buf.total_added, fs.state_dict()["stream_last"].copy())
+        try:
+            buf.add(to_batch([rows[i]]), env_ids=0)
+        except DiskFullError:
+            break
+        i += 1
+    fs = buf.frame_store
+    assert (fs.added, buf.n_pending, buf.total_added) == snap[:3]
+    np.testing.assert_array_equal(fs.state_dict()["stream_last"], snap[3])
+    monkeypatch.undo()
+    for r in rows[i:]:  # the same row again, and the rest: the stream goes on
+        buf.add(to_batch([r]), env_ids=0)
+    check_buffer(buf, by_id, 3, n, "zero", fs.added, fs.capacity, draws=5)
