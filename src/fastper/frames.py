@@ -64,8 +64,8 @@ from typing import Any
 import numpy as np
 
 from ._kernels import frames as _fk
-from ._validation import check_int, show
-from .nstep import check_env_ids, lookup_rows, sort_ids
+from ._validation import check_int
+from .nstep import check_env_ids, check_vector_step, lookup_rows, sort_ids
 from .storage import Field
 
 PADS = ("zero", "repeat")
@@ -162,16 +162,7 @@ class FrameStore:
     # -- streams -----------------------------------------------------------------------
     def _stream_rows(self, k: int, env_ids: Any) -> tuple[np.ndarray, list[int]]:
         if self.n_envs is not None:
-            if env_ids is not None:
-                raise ValueError(
-                    f"`env_ids` must be None when n_envs={self.n_envs} is set (row i is env "
-                    f"i), got env_ids={show(env_ids)}"
-                )
-            if k != self.n_envs:
-                raise ValueError(
-                    f"with n_envs={self.n_envs} every add must be one step of every "
-                    f"environment, a batch of exactly {self.n_envs} rows, got {k} row(s)"
-                )
+            check_vector_step(self.n_envs, k, env_ids)
             ids = np.arange(k, dtype=np.int64)
         elif env_ids is None:
             if k > 1:
@@ -232,9 +223,10 @@ class FrameStore:
             )
         obs, nxt = batch[self.name], batch[self.next_name]
         src_row, src_next = src_row[:m], src_next[:m]
-        src = np.where(
-            src_next.reshape(-1, *([1] * len(self.field.shape))), nxt[src_row], obs[src_row]
-        ).astype(self.field.dtype, copy=False)
+        # each new frame copied once, from the field it comes from
+        src = np.empty((m, *self.field.shape), dtype=self.field.dtype)
+        src[src_next] = nxt[src_row[src_next]]
+        src[~src_next] = obs[src_row[~src_next]]
         self._check_reused(obs, check_ref, src, srow, env_ids)
         out = dict(batch)
         out[self.name] = obs_id

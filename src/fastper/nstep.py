@@ -360,18 +360,7 @@ class NStepWriter:
         state (n == 1 without autoreset).
         """
         if self.n_envs is not None:
-            if env_ids is not None:
-                raise ValueError(
-                    f"`env_ids` must be None when n_envs={self.n_envs} is set (row i is env "
-                    f"i), got env_ids={show(env_ids)}"
-                )
-            if k != self.n_envs:
-                single = k == 1 and " (a single transition is refused: its env is ambiguous)"
-                raise ValueError(
-                    f"with n_envs={self.n_envs} every add must be one step of every "
-                    f"environment, a batch of exactly {self.n_envs} rows (row i = env i), got "
-                    f"{k} row(s){single or ''}"
-                )
+            check_vector_step(self.n_envs, k, env_ids)
             if not self._tracks:
                 return None, []
             if self._env_rows is None:
@@ -888,6 +877,22 @@ class NStepWriter:
                     )
                 pending[name] = arr
         return ids, lengths, skip, dropped, pending
+
+
+def check_vector_step(n_envs: int, k: int, env_ids: Any) -> None:
+    """With ``n_envs`` set, an add is one step of every env: ``k == n_envs`` rows, no ``env_ids``."""
+    if env_ids is not None:
+        raise ValueError(
+            f"`env_ids` must be None when n_envs={n_envs} is set (row i is env "
+            f"i), got env_ids={show(env_ids)}"
+        )
+    if k != n_envs:
+        single = k == 1 and " (a single transition is refused: its env is ambiguous)"
+        raise ValueError(
+            f"with n_envs={n_envs} every add must be one step of every "
+            f"environment, a batch of exactly {n_envs} rows (row i = env i), got "
+            f"{k} row(s){single or ''}"
+        )
 
 
 def check_env_ids(k: int, env_ids: Any) -> np.ndarray:

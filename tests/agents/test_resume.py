@@ -22,12 +22,7 @@ class Crash(Exception):
     """Stands for the process dying: nothing after it runs, files are left as they are."""
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def crash_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:

@@ -129,18 +129,22 @@ def test_placement_follows_mass(tmp_path):
     assert st.stats()["bytes"]["warm"] <= st.warm_bytes
 
 
-def test_hysteresis_small_changes_move_nothing(tmp_path):
-    st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=2.0, smoothing=1.0)
-    masses = np.arange(16, 0, -1, dtype=float)  # chunk 0 heaviest
+def settled(st, masses):
+    """Place by ``masses`` until settled: (tiers, the lightest hot chunk, the heaviest other)."""
     for _ in range(2):
         st.rebalance(masses)
         st.settle()
     before = st._tier.copy()
     held = [c for c in np.flatnonzero(before == T.HOT) if c != st._open]
-    lightest_hot = min(held, key=lambda c: masses[c])
-    nudged = masses.copy()
     rest = np.flatnonzero(before != T.HOT)
-    best_cold = int(rest[np.argmax(masses[rest])])
+    return before, min(held, key=lambda c: masses[c]), int(rest[np.argmax(masses[rest])])
+
+
+def test_hysteresis_small_changes_move_nothing(tmp_path):
+    st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=2.0, smoothing=1.0)
+    masses = np.arange(16, 0, -1, dtype=float)  # chunk 0 heaviest
+    before, lightest_hot, best_cold = settled(st, masses)
+    nudged = masses.copy()
     nudged[best_cold] = 1.9 * masses[lightest_hot]  # heavier, but not by the factor
     st.rebalance(nudged)
     st.settle()
@@ -155,14 +159,7 @@ def test_hysteresis_small_changes_move_nothing(tmp_path):
 def test_smoothing_ignores_a_one_off_spike(tmp_path):
     st, _ = filled(tmp_path, hot_bytes=4 * 8 * ROW, max_moves=None, hysteresis=2.0, smoothing=0.5)
     masses = np.arange(16, 0, -1, dtype=float)
-    for _ in range(2):
-        st.rebalance(masses)
-        st.settle()
-    before = st._tier.copy()
-    held = [c for c in np.flatnonzero(before == T.HOT) if c != st._open]
-    light = min(held, key=lambda c: masses[c])
-    rest = np.flatnonzero(before != T.HOT)
-    best = int(rest[np.argmax(masses[rest])])
+    before, light, best = settled(st, masses)
     spiked = masses.copy()
     spiked[best] = 3.0 * masses[light]  # past the factor once: averaged, it is not
     st.rebalance(spiked)
