@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -27,3 +29,15 @@ def make_batch(k: int, start: int = 0) -> dict[str, np.ndarray]:
         "next_obs": np.repeat(t[:, None] + 1, 4, axis=1).astype(np.float32),
         "done": np.zeros(k, dtype=np.float32),
     }
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the test: float sums then do not depend on the machine,
+    and the tiny networks of the tests run several times faster than on OpenMP threads
+    that spin while other processes share the cores."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

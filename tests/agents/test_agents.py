@@ -16,6 +16,10 @@ import fastper  # noqa: E402
 from fastper.agents import dqn, sac  # noqa: E402
 from fastper.cli import main  # noqa: E402
 
+#: torch on one thread (tests/agents/conftest.py): the networks are tiny, and OpenMP
+#: threads that spin while other processes share the cores make these tests slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 FIELDS = {
     "obs": ((2,), np.float32),
     "action": ((), np.int64),
@@ -156,7 +160,7 @@ def test_cli_train_compare_plot(tmp_path, capsys) -> None:
     out = tmp_path / "runs"
     rc = main(["train", "dqn", "--replay", "uniform", "per", "--seeds", "2", "--steps", "200",
                "--set", "learning_starts=50", "--set", "hidden=(16,)", "--out", str(out),
-               "--quiet"])  # fmt: skip
+               "--threads", "1", "--quiet"])  # fmt: skip
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "dqn-CartPole-v1-per",

@@ -12,6 +12,10 @@ torch = pytest.importorskip("torch")
 from fastper import SumTree  # noqa: E402
 from fastper.device.tree import DeviceSumTree, K, layout, pairwise_sum  # noqa: E402
 
+#: torch on one thread (tests/conftest.py): on small CPU tensors OpenMP threads that
+#: spin while other processes share the cores made these tests ten times slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CAPACITIES = [1, 7, 63, 64, 65, 1000, 4096, 4097, 70_000]
 
 

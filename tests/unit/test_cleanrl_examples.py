@@ -21,6 +21,10 @@ pytest.importorskip("gymnasium")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: torch on one thread (tests/conftest.py): the examples' networks are tiny
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 def load_example(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None

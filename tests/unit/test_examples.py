@@ -47,7 +47,7 @@ def test_vector_env_example_keeps_streams_and_drops_reset_rows() -> None:
             assert term and min(abs(r - s) for s in sums.values()) < 1e-5
 
 
-def test_device_example_learns_on_the_cpu_device() -> None:
+def test_device_example_learns_on_the_cpu_device(one_torch_thread) -> None:
     torch = pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location(
         "device_replay", ROOT / "examples" / "device_replay.py"
