@@ -5,6 +5,8 @@ Usage:
                                [--hot 0.05 0.1 0.2 0.25] [--big-hot 0.9]
                                [--out benchmarks/results/tiers.md] [--quick]
     python -m benchmarks.tiers --make-td   # rewrites benchmarks/data/cartpole_dqn_*.npy
+    python -m benchmarks.tiers --priorities-of CHECKPOINT NAME
+        # benchmarks/data/NAME_priorities.npy: a saved buffer's priorities, oldest first
 
 Data:
 
@@ -18,7 +20,9 @@ Data:
 * priorities, measured: Double DQN with proportional PER on CartPole-v1
   (``fastper.agents.dqn``, 20000 steps, buffer 8192; ``--make-td``, about
   90 s): its final raw priorities in ring order (oldest first) and the |TD|
-  of its last 8192 updated rows.
+  of its last 8192 updated rows. For the mass table also the priorities of
+  any other run saved with ``--priorities-of`` (e.g. the MinAtar study's
+  Breakout runs, ``studies/minatar.sh``: image observations, 100k slots).
 
 1. Codecs: ratio, compress and decompress MB/s (of raw bytes; medians over
    ``--repeats``) on blocks as the storage makes them: one image stack per
@@ -278,6 +282,36 @@ def _loop(run: Run, stacks: np.ndarray, iters: int, seed: int) -> tuple[float, f
     return clock() - t0, in_sample
 
 
+def warm_row_cost(storage: TieredStorage, calls: int = 2000) -> dict[int, float]:
+    """Median us of ``gather`` of 32 rows with k of them from warm chunks (k = 0, 2, 4, 8).
+
+    Rows drawn at random from the hot / warm chunks as placed; no adds, no
+    moves, nothing in the background: the price of a warm row in a gather.
+    """
+    storage.settle()
+    rng = np.random.default_rng(11)
+    hot = np.flatnonzero(storage._tier == 0)
+    hot = hot[hot != storage._open]
+    warm = np.flatnonzero(storage._tier == 1)
+    cs = storage.chunk_size
+    out = {}
+    for k in (0, 2, 4, 8) if warm.size else ():
+        sets = [
+            np.concatenate(
+                [rng.choice(hot, 32 - k) * cs + rng.integers(0, cs, 32 - k),
+                 rng.choice(warm, k) * cs + rng.integers(0, cs, k)]
+            )
+            for _ in range(calls)
+        ]  # fmt: skip
+        times = []
+        for ix in sets:
+            t0 = time.perf_counter()
+            storage.gather(ix)
+            times.append(time.perf_counter() - t0)
+        out[k] = statistics.median(times) * 1e6
+    return out
+
+
 def throughput_rows(
     args: argparse.Namespace, prio: np.ndarray, td: np.ndarray, tmp: str
 ) -> list[dict[str, Any]]:
@@ -288,21 +322,24 @@ def throughput_rows(
     budget = data // 4
     rows = []
     for layout in args.layouts:
-        configs: list[tuple[str, float, float]] = [("RAM (all hot)", 1.0, 0.0)]
+        # (name, hot share, warm share, prefetch); the default is inline moves
+        configs: list[tuple[str, float, float, bool]] = [("RAM (all hot)", 1.0, 0.0, False)]
         for h in args.hot:
             if budget / data - h > 1e-9:
-                configs.append((f"hot {h:.2f} + warm", h, budget / data - h))
-            configs.append((f"hot {h:.2f}, no warm", h, 0.0))
+                configs.append((f"hot {h:.2f} + warm", h, budget / data - h, False))
+                configs.append((f"hot {h:.2f} + warm, prefetch", h, budget / data - h, True))
+            configs.append((f"hot {h:.2f}, no warm", h, 0.0, False))
         for h in args.big_hot if layout == "measured" else []:  # past the 1/4 budget
-            configs.append((f"hot {h:.2f} + warm (budget > 1/4)", h, 0.05))
+            configs.append((f"hot {h:.2f} + warm (budget > 1/4)", h, 0.05, False))
+            configs.append((f"hot {h:.2f} + warm (budget > 1/4), prefetch", h, 0.05, True))
         runs: dict[str, Run] = {}
-        for i, (name, hot, warm_share) in enumerate(configs):
+        for i, (name, hot, warm_share, prefetch) in enumerate(configs):
             storage = None
             if name != "RAM (all hot)":
                 storage = TieredStorage(
                     FIELDS, slots, chunk_size=64, hot_bytes=int(hot * data),
                     warm_bytes=max(0, int(warm_share * data)),
-                    cold_dir=os.path.join(tmp, f"{layout}-{i}"),
+                    cold_dir=os.path.join(tmp, f"{layout}-{i}"), prefetch=prefetch,
                 )  # fmt: skip
             buf = PrioritizedReplayBuffer(
                 slots, FIELDS, alpha=0.6, beta=0.4, seed=7, storage=storage
@@ -313,18 +350,20 @@ def throughput_rows(
             if storage is not None:
                 storage.settle()
                 storage._counts.update(dict.fromkeys(("rows_hot", "rows_warm", "rows_cold"), 0))
-                storage._counts.update(dict.fromkeys(("promotions", "demotions"), 0))
-        loop_t: dict[str, list[float]] = {name: [] for name, _, _ in configs}
-        samp_t: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+                storage._counts.update(
+                    dict.fromkeys(("promotions", "demotions", "packs", "inline_packs"), 0)
+                )
+        loop_t: dict[str, list[float]] = {name: [] for name, *_ in configs}
+        samp_t: dict[str, list[float]] = {name: [] for name, *_ in configs}
         for r in range(args.repeats):
-            for name, _, _ in configs:  # interleaved: a busy machine slows all alike
+            for name, *_ in configs:  # interleaved: a busy machine slows all alike
                 gc.collect()
                 whole, part = _loop(runs[name], stacks, args.iters, seed=r)
                 loop_t[name].append(args.iters / whole)
                 samp_t[name].append(args.iters / part)
         ram_loop = statistics.median(loop_t["RAM (all hot)"])
         ram_samp = statistics.median(samp_t["RAM (all hot)"])
-        for name, hot, warm_share in configs:
+        for name, hot, warm_share, prefetch in configs:
             storage = runs[name].buf.storage
             st = storage.stats() if isinstance(storage, TieredStorage) else None
             lp, sp = statistics.median(loop_t[name]), statistics.median(samp_t[name])
@@ -335,6 +374,8 @@ def throughput_rows(
                 "moves": None if st is None else st["promotions"] + st["demotions"],
             })  # fmt: skip
             if isinstance(storage, TieredStorage):
+                if "budget > 1/4" in name and not prefetch:
+                    rows[-1]["warm_cost"] = warm_row_cost(storage)
                 storage.close()
         del runs
         gc.collect()
@@ -356,9 +397,28 @@ def best_mass(prio: np.ndarray, alpha: float, chunk: int) -> dict[str, Any]:
 
 
 # -- report ------------------------------------------------------------------------------
+def priorities_of(checkpoint: Path) -> np.ndarray:
+    """A saved buffer's raw priorities in ring order (oldest slot first), float32."""
+    import fastper
+
+    buf = fastper.load(checkpoint)
+    n = len(buf)
+    raw = np.asarray(buf.priorities(np.arange(n)), dtype=np.float32)
+    return np.roll(raw, -buf.cursor) if n == buf.capacity else raw
+
+
+def other_runs() -> dict[str, np.ndarray]:
+    """Priorities saved with ``--priorities-of``: ``{name: priorities}``."""
+    return {
+        f.name.removesuffix("_priorities.npy"): np.load(f).astype(np.float64)
+        for f in sorted((HERE / "data").glob("*_priorities.npy"))
+        if f != PRIO_FILE
+    }
+
+
 def report(
     codecs: list[dict[str, Any]], thr: list[dict[str, Any]], best: dict[str, Any],
-    args: argparse.Namespace, secs: float,
+    args: argparse.Namespace, secs: float, others: dict[str, dict[str, Any]] | None = None,
 ) -> str:  # fmt: skip
     lines = [
         "# Hot / warm / cold storage: codecs and throughput",
@@ -405,6 +465,15 @@ def report(
         + " ".join(f"{x:.3f}" for x in best["deciles"]).rstrip()
         + ": no recency locality in this run.",
     ]
+    for name, b in (others or {}).items():
+        lines += [
+            "",
+            f"Another run, `benchmarks/data/{name}_priorities.npy` ({b['n']} slots): "
+            f"slots: {b['slot'][0.25]:.3f} of the mass in the heaviest quarter, "
+            f"{b['slot']['for_0.9']:.3f} of them for 0.90; 64-slot chunks: "
+            f"{b['chunk'][0.25]:.3f} in a quarter, {b['chunk']['for_0.9']:.3f} for 0.90; "
+            "by age decile (oldest first): " + " ".join(f"{x:.3f}" for x in b["deciles"]),
+        ]
     row_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in FIELDS.values())
     lines += [
         "",
@@ -418,12 +487,16 @@ def report(
         "RAM buffer of the same layout in the same interleaved rounds. `hot`: hot tier as a "
         "share of the data; `mass`: the tree's mass share per tier (hot / warm / cold) at "
         "the end; `hits`: share of gathered rows served per tier; `moves`: promotions + "
-        "demotions in the timed rounds; `MiB h/w/c`: bytes per tier (warm: compressed in "
+        "demotions in the timed rounds; `packs`: chunks compressed in the background ahead of "
+        "a demotion / on the spot by a demotion; `prefetch`: `prefetch=True` (a background "
+        "thread decodes promotions and compresses the `pack_ahead` = 16 chunks next in line "
+        "for demotion), else the default, moves made inline; "
+        "`MiB h/w/c`: bytes per tier (warm: compressed in "
         "RAM, including copies kept for hot chunks; cold: files).",
         "",
         "| layout | config | hot | chunks h+w+c | mass h/w/c | hits h/w/c | MiB h/w/c "
-        "| moves | sample/s | vs RAM | loop/s | vs RAM |",
-        "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
+        "| moves | packs | sample/s | vs RAM | loop/s | vs RAM |",
+        "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in thr:
         st = r["stats"]
@@ -433,7 +506,7 @@ def report(
         )
         if st is None:
             lines.append(
-                f"| {r['layout']} | {r['config']} | 1.00 | - | 1/0/0 | 1/0/0 | - | - {tail}"
+                f"| {r['layout']} | {r['config']} | 1.00 | - | 1/0/0 | 1/0/0 | - | - | - {tail}"
             )
             continue
         m, h, c, b = st["mass_fraction"], st["hit_rate"], st["chunks"], st["bytes"]
@@ -442,7 +515,7 @@ def report(
             f"| {m['hot']:.3f}/{m['warm']:.3f}/{m['cold']:.3f} "
             f"| {h['hot']:.3f}/{h['warm']:.3f}/{h['cold']:.3f} "
             f"| {b['hot'] / 2**20:.0f}/{b['warm'] / 2**20:.1f}/{b['cold'] / 2**20:.1f} "
-            f"| {r['moves']} {tail}"
+            f"| {r['moves']} | {st['packs']}/{st['inline_packs']} {tail}"
         )
     tiered = [r for r in thr if r["stats"] is not None]
     in_budget = [r for r in tiered if r["budget"] <= 0.25 + 1e-9]
@@ -468,6 +541,15 @@ def report(
             f"{r['stats']['mass_fraction']['hot']:.3f}): sample {r['sample_ratio']:.2f}, "
             f"loop {r['loop_ratio']:.2f} of RAM."
         )
+    for r in thr:
+        if r.get("warm_cost"):
+            lines += [
+                "",
+                f"Price of a warm row ({r['config']}): median us of one `gather` of 32 rows "
+                "with k from warm chunks (no adds, nothing in the background): "
+                + ", ".join(f"k={k}: {v:.0f}" for k, v in r["warm_cost"].items())
+                + ".",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -485,7 +567,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="a small smoke run; writes nothing")
     p.add_argument("--make-td", action="store_true", help=f"write {PRIO_FILE.name}, {TD_FILE.name}")
+    p.add_argument(
+        "--priorities-of", nargs=2, metavar=("CHECKPOINT", "NAME"),
+        help="write data/NAME_priorities.npy from a saved buffer (fastper.load), oldest first",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.priorities_of:
+        path = HERE / "data" / f"{args.priorities_of[1]}_priorities.npy"
+        np.save(path, priorities_of(Path(args.priorities_of[0])))
+        print(f"wrote {path}")
+        return 0
     if args.make_td:
         TD_FILE.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -504,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     codecs = codec_rows(args.repeats, args.quick)
     with tempfile.TemporaryDirectory(prefix="fastper-tiers-bench-") as tmp:
         thr = throughput_rows(args, prio, td, tmp)
-    text = report(codecs, thr, best_mass(prio, 0.6, 64), args, time.perf_counter() - t0)
+    others = {name: {**best_mass(p, 0.6, 64), "n": p.shape[0]} for name, p in other_runs().items()}
+    text = report(codecs, thr, best_mass(prio, 0.6, 64), args, time.perf_counter() - t0, others)
     print(text)
     if args.out is not None:
         args.out.write_text(text)

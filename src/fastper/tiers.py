@@ -28,15 +28,22 @@ chunk's by the factor ``hysteresis``, masses are averaged over rebalances
 (``smoothing``), and at most ``max_moves`` chunks move per rebalance; so a
 small or one-off change of mass moves nothing.
 
-Background work (``prefetch=True``, one thread): a promotion (warm or cold
-to hot) is decoded into a reserved hot slot while the learner works on the
-batch just sampled; until it is installed (at the next storage call), the
-chunk is served from where it was. A chunk the ring has just filled is
-compressed at once (its copy kept in ``warm_bytes``, or in its cold file when
-warm RAM is short), so demoting it later costs nothing on the sampling path;
-the ring never writes a chunk while it is being packed (it waits). What a
-batch returns never depends on where a row is or on the thread: only the
-speed does. It does not guess the next batch's rows: those depend on the
+Moves are made inline by default (``prefetch=False``): a promotion is decoded
+and a demotion compressed when the placement decides it (in ``sample``, every
+``rebalance_every`` calls) or when the ring needs a hot slot (in ``add``).
+With ``prefetch=True`` one background thread does that work instead: a
+promotion is decoded into a reserved hot slot while the learner works on the
+batch just sampled (until it is installed, at the next storage call, the
+chunk is served from where it was), and the full hot chunks next in line for
+demotion (``pack_ahead`` of them, least mass first) are compressed ahead of
+time (their copies kept in ``warm_bytes``, or in their cold files when warm
+RAM is short), so a demotion costs nothing on the sampling path; the ring
+never writes a chunk while it is being packed (it waits). The thread pays off
+only with a CPU to spare: on the 2-CPU machine of ``benchmarks/results/tiers.md``
+inline moves gave more samples per second in every configuration measured
+(the thread's work and its share of the interpreter lock slowed the learner
+more than the work it took away). What a batch returns never depends on
+where a row is or on the thread: only the speed does. It does not guess the next batch's rows: those depend on the
 priorities the learner is about to write. Cold files stay open between
 gathers (up to 64, least recently used closed first).
 
@@ -60,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from ._kernels.tiers import hot_rows
 from ._validation import check_int, check_real, show
 from .storage import Field, FieldLike, check_columns, coerce_batch, make_fields
 from .tier_codecs import (
@@ -113,7 +121,16 @@ class TieredStorage:
             averaging). Priorities are noisy (each sampled slot gets a new
             |TD|): averaging stops chunks moving for a one-off change.
         max_moves: most chunks promoted per rebalance (None: no limit).
-        prefetch: decode promotions in a background thread (else inline).
+        prefetch: decode promotions and compress chunks ahead of their
+            demotion in a background thread (default: inline; the thread
+            pays off only with a spare CPU, see the module docstring).
+        pack_ahead: with ``prefetch``: how many full hot chunks, least mass
+            first (the next to be demoted), are compressed ahead of their
+            demotion, so that it costs nothing on the sampling path (less the
+            free hot slots: none while the hot pool has room); a chunk
+            demoted without a copy is compressed then. ``None``: every chunk
+            as soon as the ring fills it (most background work: worth it
+            when nearly every chunk is demoted, a small hot tier).
 
     Raises:
         ValueError, TypeError: bad arguments; ``cold_dir`` holding chunk files.
@@ -134,7 +151,8 @@ class TieredStorage:
         hysteresis: float = 1.5,
         smoothing: float = 0.5,
         max_moves: int | None = 8,
-        prefetch: bool = True,
+        prefetch: bool = False,
+        pack_ahead: int | None = 16,
     ) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields: dict[str, Field] = make_fields(fields)
@@ -155,6 +173,9 @@ class TieredStorage:
         if not isinstance(prefetch, bool):
             raise TypeError(f"`prefetch` must be a bool, got prefetch={show(prefetch)}")
         self.prefetch = prefetch
+        self.pack_ahead = (
+            None if pack_ahead is None else check_int("pack_ahead", pack_ahead, minimum=0)
+        )
         if not isinstance(codec, str):
             raise TypeError(f"`codec` must be a string, got codec={show(codec)}")
         self.codec = make_codec(codec)
@@ -223,7 +244,8 @@ class TieredStorage:
         self._counts = {
             "rows_hot": 0, "rows_warm": 0, "rows_cold": 0, "decompressions": 0,
             "disk_bytes_read": 0, "disk_bytes_written": 0, "promotions": 0, "demotions": 0,
-            "rebalances": 0, "prefetch_failures": 0, "rebalance_errors": 0, "spill_errors": 0,
+            "rebalances": 0, "packs": 0, "inline_packs": 0, "prefetch_failures": 0,
+            "rebalance_errors": 0, "spill_errors": 0,
         }  # fmt: skip
 
     def _path(self, c: int) -> str:
@@ -326,9 +348,33 @@ class TieredStorage:
             self._cold_paths.remove(path)
 
     def _seal(self, c: int) -> None:
-        """The open chunk ``c`` is full: pack it in the background, so that a later
-        demotion costs nothing (the packed copy is kept, as after a promotion)."""
+        """The open chunk ``c`` is full: it may be packed from now on."""
         self._sealed = True
+        if self.pack_ahead is None:
+            self._pack_in_background(c)
+        else:
+            self._pack_ahead()
+
+    def _pack_ahead(self) -> None:
+        """Pack the full hot chunks of least mass (the next to be demoted: the
+        order of :meth:`_free_slot`) in the background: ``pack_ahead`` of them,
+        less the free hot slots. O(C log C)."""
+        if not self.prefetch or not self.pack_ahead:
+            return
+        # free hot slots are taken before anything is demoted: no copy needed for them
+        need = self.pack_ahead - int(np.count_nonzero(self._slot_owner == -1))
+        if need <= 0:
+            return
+        hot = np.flatnonzero((self._tier == HOT) & ~self._pending)
+        if self._open >= 0 and not self._sealed:
+            hot = hot[hot != self._open]
+        order = hot[np.lexsort((self._seq[hot], self._mass[hot]))[:need]]
+        for c in order.tolist():
+            self._pack_in_background(c)
+
+    def _pack_in_background(self, c: int) -> None:
+        """Compress hot chunk ``c`` in the background (its copy kept, as after a
+        promotion), unless it has a copy or one is on the way."""
         if not self.prefetch or c in self._warm or c in self._cold or self._packing[c]:
             return
         base = int(self._slot[c]) * self.chunk_size
@@ -374,6 +420,7 @@ class TieredStorage:
             self._install(wait=True)
         if c not in self._cold and c not in self._warm:
             self._warm[c] = pieces = self._pack(c)  # before the slot is let go
+            self._counts["inline_packs"] += 1
             self._comp[c] = sum(len(p) for p in pieces)
         self._slot_owner[self._slot[c]] = -1
         self._slot[c] = -1
@@ -484,42 +531,46 @@ class TieredStorage:
             TierDataError: a cold chunk file is missing, truncated or corrupted.
         """
         self._install(wait=False)
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
         self._gathers_since += 1
-        ch = idx >> self._shift
-        off = idx & (self.chunk_size - 1)
-        tier = self._tier[ch]
-        if self._old is not None:  # rows of the open chunk the ring has not reached yet
-            shadow = (ch == self._open) & (off >= self._fill)
-            if shadow.any():
-                tier = tier.copy()
-                tier[shadow] = self._old[0]
-        hot = tier == HOT
-        n_hot = int(np.count_nonzero(hot))
-        rows = self._slot[ch] * self.chunk_size + off
-        if n_hot < idx.shape[0]:
-            rows[~hot] = 0  # a placeholder row, overwritten below
+        n = idx.shape[0]
+        rows = np.empty(n, dtype=np.int64)
+        hot = np.empty(n, dtype=np.bool_)
+        shadowed = self._open if self._old is not None else -1  # rows not yet rewritten
+        n_hot = hot_rows(idx, self._tier, self._slot, self._shift, shadowed, self._fill, rows, hot)
         # one take over the whole batch (as the RAM storage): the few rows from
         # warm / cold chunks are then written over their placeholders
         out = {name: pool.take(rows, axis=0) for name, pool in self._pool.items()}
         self._counts["rows_hot"] += n_hot
-        if n_hot == idx.shape[0]:
+        if n_hot == n:
             return out
         # the few other rows, one at a time (numpy's per-call cost would dominate):
         # each decoded block once, each row copied straight from it into `out`
         sel = np.flatnonzero(~hot)
-        rpb, bpc, n = self.rows_per_block, self.blocks_per_chunk, idx.shape[0]
+        rpb, bpc = self.rows_per_block, self.blocks_per_chunk
         dst = [(out[name].reshape(n, -1).view(np.uint8), a, w) for name, a, w in self._blocks.cuts]
+        dec, nbytes = self.codec.decompress, self._blocks.nbytes
         raws: dict[int, Any] = {}
+        sources: dict[int, tuple[int, Any, str]] = {}
         cold = 0
         for pos, slot in zip(sel.tolist(), idx[sel].tolist(), strict=True):
             g, r = divmod(slot, rpb)  # block g of the ring, row r in it
-            raw = raws.get(g)
-            src = self._source(g // bpc)
-            if raw is None:
-                piece = self._pieces(src, [g % bpc])
-                raw = raws[g] = self._blocks.decode_raw(piece, self._where(src))[0]
+            c = g // bpc
+            src = sources.get(c)
+            if src is None:
+                src = sources[c] = self._source(c)
             cold += src[0] == COLD
+            raw = raws.get(g)
+            if raw is None:
+                piece = src[1][g % bpc] if src[0] == WARM else self._pieces(src, [g % bpc])[0]
+                try:
+                    data = dec(piece, nbytes)
+                except Exception:  # the codecs raise their own error types
+                    data = b""
+                if len(data) != nbytes:  # says what is wrong, naming the chunk
+                    self._blocks.decode_raw([piece], self._where(src))
+                    raise TierDataError(f"{self._where(src)}: a block does not decompress")
+                raw = raws[g] = np.frombuffer(data, dtype=np.uint8)
             for d, a, w in dst:
                 d[pos] = raw[a + r * w : a + (r + 1) * w]
         self._counts["decompressions"] += len(raws)
@@ -600,6 +651,7 @@ class TieredStorage:
             self._place_warm()
         except OSError:
             self._counts["rebalance_errors"] += 1
+        self._pack_ahead()
 
     def _left(self, used: int) -> int:
         return 1 << 62 if self.max_moves is None else self.max_moves - used
@@ -691,6 +743,7 @@ class TieredStorage:
             return
         size = sum(len(p) for p in pieces)
         self._comp[c], self._comp_est = size, size
+        self._counts["packs"] += 1
         if path:
             self._cold[c] = index
             self._cold_paths.append(path)
@@ -796,7 +849,10 @@ class TieredStorage:
         use (uncompressed), RAM of compressed chunks (``warm``: warm chunks
         and the packed copies kept for hot ones, all within ``warm_bytes``)
         and bytes of cold files on disk (``cold``, including files kept for
-        hot chunks); ``chunks``: chunks per tier. The rest are counters.
+        hot chunks); ``chunks``: chunks per tier. The rest are counters, among
+        them ``packs`` (chunks compressed in the background, ahead of a
+        demotion) and ``inline_packs`` (demotions that had to compress the
+        chunk on the spot: raise ``pack_ahead`` if they are many).
         """
         self._install(wait=False)
         counts = dict(self._counts)

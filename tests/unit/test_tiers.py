@@ -173,7 +173,7 @@ def test_smoothing_ignores_a_one_off_spike(tmp_path):
 
 def test_full_chunks_are_packed_in_the_background(tmp_path):
     # a sealed chunk is compressed off the sampling path: its demotion compresses nothing
-    st = tiered(tmp_path, capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=10**6)
+    st = tiered(tmp_path, capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=10**6, prefetch=True)
     st.write(0, st.prepare(rows(np.random.default_rng(0), 40))[0], 40)  # chunks 0..4 full
     st.settle()
     assert sorted(st._warm) == [0, 1, 2, 3, 4] and not st._packing.any()
@@ -183,12 +183,64 @@ def test_full_chunks_are_packed_in_the_background(tmp_path):
     got = st.gather(np.arange(40))
     assert_same(got, {k: v[:40] for k, v in rows(np.random.default_rng(0), 40).items()})
     # no warm room: the copy goes to the chunk's cold file instead
-    st2 = tiered(tmp_path / "b", capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=0)
+    st2 = tiered(tmp_path / "b", capacity=64, hot_bytes=8 * 8 * ROW, warm_bytes=0, prefetch=True)
     st2.write(0, st2.prepare(rows(np.random.default_rng(0), 16))[0], 16)
     st2.settle()
     assert sorted(st2._cold) == [0, 1] and os.path.exists(st2._path(0))
     st2._demote(0)
     assert st2._tier[0] == T.COLD and st2.stats()["demotions"] == 1
+
+
+@pytest.mark.parametrize("pack_ahead", [None, 0, 1])
+def test_pack_ahead_does_not_change_batches(tmp_path, pack_ahead):
+    # a hot tier of 6 chunks: with 0 or 1 packed ahead most demotions compress inline
+    st = tiered(tmp_path, hot_bytes=6 * 8 * ROW, pack_ahead=pack_ahead, prefetch=True)
+    ram = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=3)
+    buf = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=3, storage=st)
+    drive(ram, buf, 120, seed=5)
+    s = st.stats()
+    assert s["demotions"] > 10 and all(s["chunks"][t] > 0 for t in ("hot", "warm", "cold"))
+    if pack_ahead == 0:
+        assert not any(st._tier[c] == T.HOT for c in st._warm) and not st._cold.keys() & set(
+            np.flatnonzero(st._tier == T.HOT).tolist()
+        )  # no hot chunk holds a copy: nothing was packed ahead
+    st.close()
+
+
+def test_pack_ahead_packs_the_next_to_be_demoted(tmp_path):
+    st, data = filled(
+        tmp_path, hot_bytes=16 * 8 * ROW, warm_bytes=10**6, pack_ahead=3, prefetch=True
+    )
+    masses = np.random.default_rng(2).permutation(np.arange(1.0, 17.0))
+    st.rebalance(masses)  # every chunk stays hot; the 3 lightest full ones get copies
+    st.settle()
+    # while written (unweighed) the 3 oldest full chunks were next in line: 0, 1, 2;
+    # weighed, the 3 lightest (the open chunk is pinned hot, never next)
+    full = [c for c in range(16) if c != st._open]
+    lightest = sorted(full, key=lambda c: masses[c])[:3]
+    assert set(st._warm) == {0, 1, 2} | set(lightest) and not st._packing.any()
+    assert st.stats()["packs"] == len(st._warm) and st.stats()["inline_packs"] == 0
+    kept = st._warm[lightest[0]]
+    st._demote(lightest[0])  # costs nothing: the copy made ahead
+    assert st._tier[lightest[0]] == T.WARM and st._warm[lightest[0]] is kept
+    assert st.stats()["inline_packs"] == 0
+    heavy = max(set(full) - {0, 1, 2}, key=lambda c: masses[c])
+    assert heavy not in st._warm
+    st._demote(heavy)  # no copy: compressed now, rows intact
+    assert st._tier[heavy] == T.WARM and st.stats()["inline_packs"] == 1
+    idx = np.array([lightest[0] * 8 + 3, heavy * 8, heavy * 8 + 7])
+    assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+
+
+def test_corrupted_warm_block_is_named(tmp_path):
+    st, data = filled(tmp_path, hot_bytes=8 * ROW, warm_bytes=10**6)
+    c = int(np.flatnonzero(st._tier == T.WARM)[0])
+    good = st._warm[c][0]
+    st._warm[c][0] = good[: len(good) // 2]
+    with pytest.raises(TierDataError, match="a warm chunk: a block"):
+        st.gather(np.array([c * 8]))
+    st._warm[c][0] = good
+    assert_same(st.gather(np.array([c * 8])), {k: v[[c * 8]] for k, v in data.items()})
 
 
 def test_file_truncated_while_open_is_named(tmp_path):
@@ -271,10 +323,12 @@ def test_corrupted_file_leaves_the_buffer_unchanged(tmp_path):
         with open(tmp_path / "cold" / f, "wb") as fh:
             fh.write(b"junk")
     p = buf.priorities(np.arange(64))
+    rng_state = buf._rng.bit_generator.state
     with pytest.raises(TierDataError, match="cold chunk file .* truncated or altered"):
         buf.sample(64)
-    # the rows, priorities, ring and step stay; the generator has advanced (see README)
+    # the rows, priorities, ring, step and random generator stay as they were
     assert len(buf) == 64 and buf.step == 0 and np.array_equal(buf.priorities(np.arange(64)), p)
+    assert buf._rng.bit_generator.state == rng_state
 
 
 @pytest.mark.parametrize(
@@ -304,6 +358,7 @@ def test_bad_rows_raise_as_ram_storage(tmp_path, bad):
         ({"smoothing": 1.5}, r"`smoothing` must be <= 1.0, got smoothing=1.5"),
         ({"codec": "snappy"}, r"`codec` must be one of .*got codec='snappy'"),
         ({"hot_bytes": -1}, r"`hot_bytes` must be >= 0, got hot_bytes=-1"),
+        ({"pack_ahead": -1}, r"`pack_ahead` must be >= 0, got pack_ahead=-1"),
     ],
 )
 def test_argument_errors(tmp_path, kw, match):
