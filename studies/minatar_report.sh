@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Results of the MinAtar study (studies/minatar.sh) into docs/results/minatar/:
+# per game with finished runs, the runs' logs (config, summary, episodes and
+# evaluations; no checkpoints) under runs/<game>/, then compare_<game>.md
+# (`fastper compare`: IQM with stratified bootstrap intervals, t-intervals,
+# AUC), curve_<game>.png (evaluation returns, bootstrap bands from 5 seeds)
+# and profile_<game>.png (performance profile of the final returns).
+#
+#   bash studies/minatar_report.sh [GAME ...]   # default: every game under runs/minatar
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${OUT:-runs/minatar}"
+DOCS=docs/results/minatar
+FASTPER="${FASTPER:-.venv/bin/fastper}"
+GAMES=("$@")
+if [ ${#GAMES[@]} -eq 0 ]; then
+  for d in "$RUNS"/*/; do GAMES+=("$(basename "$d")"); done
+fi
+for game in "${GAMES[@]}"; do
+  dest="$DOCS/runs/$game"
+  copied=0
+  for run in "$RUNS/$game"/*/seed-*; do
+    [ -f "$run/summary.json" ] || continue  # unfinished: left out
+    rel="${run#"$RUNS/$game"/}"
+    mkdir -p "$dest/$rel"
+    cp "$run"/config.json "$run"/summary.json "$run"/episodes.csv "$run"/evaluations.csv "$dest/$rel/"
+    copied=$((copied + 1))
+  done
+  echo "$game: $copied finished run(s)"
+  [ "$copied" -gt 0 ] || continue
+  "$FASTPER" compare "$dest" --returns eval > "$DOCS/compare_${game}.md"
+  "$FASTPER" plot "$dest" --returns eval -o "$DOCS/curve_${game}.png" \
+    --profile "$DOCS/profile_${game}.png" --title "MinAtar $game (v0), Double DQN, 100k steps"
+done
