@@ -39,11 +39,12 @@ demotion (``pack_ahead`` of them, least mass first) are compressed ahead of
 time (their copies kept in ``warm_bytes``, or in their cold files when warm
 RAM is short), so a demotion costs nothing on the sampling path; the ring
 never writes a chunk while it is being packed (it waits). The thread pays off
-only with a CPU to spare: on the 2-CPU machine of ``benchmarks/results/tiers.md``
-inline moves gave more samples per second in every configuration measured
-(the thread's work and its share of the interpreter lock slowed the learner
-more than the work it took away). What a batch returns never depends on
-where a row is or on the thread: only the speed does. It does not guess the next batch's rows: those depend on the
+only with a CPU to spare: on the 2-CPU machine of
+``benchmarks/results/tiers.md`` inline moves gave more samples per second in
+every configuration measured (the thread's work and its share of the
+interpreter lock slowed the learner more than the work it took away). What a
+batch returns never depends on where a row is or on the thread: only the
+speed does. It does not guess the next batch's rows: those depend on the
 priorities the learner is about to write. Cold files stay open between
 gathers (up to 64, least recently used closed first).
 
@@ -851,8 +852,9 @@ class TieredStorage:
         and bytes of cold files on disk (``cold``, including files kept for
         hot chunks); ``chunks``: chunks per tier. The rest are counters, among
         them ``packs`` (chunks compressed in the background, ahead of a
-        demotion) and ``inline_packs`` (demotions that had to compress the
-        chunk on the spot: raise ``pack_ahead`` if they are many).
+        demotion) and ``inline_packs`` (demotions that compressed the chunk
+        on the spot: every demotion without ``prefetch``; with it, raise
+        ``pack_ahead`` if they are many).
         """
         self._install(wait=False)
         counts = dict(self._counts)
