@@ -61,7 +61,7 @@ from .buffer_core import MaxPriorityPolicy
 from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
 from .frames import FrameStore, default_frame_capacity
-from .nstep import NEXT_OBS_KEYS, TERMINATED_KEYS, TRUNCATED_KEYS
+from .nstep import NEXT_OBS_KEYS, TERMINATED_KEYS, TRUNCATED_KEYS, NStepPlan
 from .samplers import (
     NORM_CODES,
     PriorityMax,
@@ -422,32 +422,13 @@ class _Buffer(StateMixin):
         if self._frames is not None:
             return self._add_frames(transition, priorities, env_ids)
         if self._nstep is not None:
-            if priorities is not None:
-                raise ValueError(
-                    "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
-                )
+            self._refuse_priorities_with_windows(priorities)
             batch, k = coerce_batch(self._nstep.fields, transition, None)
-            plan = self._nstep.prepare(batch, k, env_ids)
+            plan = self._plan_windows(batch, k, env_ids)
             out, m = plan.out, plan.count
-            cap = self._capacity
-            if m > cap and k > cap:
-                raise ValueError(
-                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
-                )
             # the rows first, the windows after: a storage whose write fails (a full
             # disk) leaves the windows as they were too
-            if m == 0:
-                slots = np.empty(0, dtype=np.int64)
-            elif m <= cap:
-                slots = self._write(out, m, None)
-            else:
-                # An episode end flushes pending windows with the batch: more than
-                # `capacity` may complete from a batch that fits. Written in ring order,
-                # so the ring keeps the last `capacity`, as if added one by one.
-                slots = np.concatenate([
-                    self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-                    for lo in range(0, m, cap)
-                ])  # fmt: skip
+            slots = self._write_rows(out, m, None)
             self._nstep.commit(plan)
             return slots
         prepared, k = self._storage.prepare(transition)
@@ -457,52 +438,75 @@ class _Buffer(StateMixin):
                 raise ValueError(
                     f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
                 )
-        p = None
+        return self._write(prepared, k, self._given_priorities(priorities, k))
+
+    @staticmethod
+    def _refuse_priorities_with_windows(priorities: Any) -> None:
         if priorities is not None:
-            arr = to_numpy(priorities)
-            p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
-            self._sampler.check_priorities("priorities", p)
-        return self._write(prepared, k, p)
+            raise ValueError(
+                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
+            )
+
+    def _plan_windows(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> NStepPlan:
+        """The n-step plan of ``k`` rows; refuses a batch that completes too many."""
+        assert self._nstep is not None
+        plan = self._nstep.prepare(batch, k, env_ids)
+        m, cap = plan.count, self._capacity
+        if m > cap and k > cap:
+            raise ValueError(
+                f"a batch must not complete more than capacity={cap} transitions, got {m}"
+            )
+        return plan
+
+    def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
+        """``add``'s ``priorities`` as k checked values (None: not given)."""
+        if priorities is None:
+            return None
+        arr = to_numpy(priorities)
+        p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
+        self._sampler.check_priorities("priorities", p)
+        return p
+
+    def _write_rows(self, out: dict[str, np.ndarray], m: int, p: np.ndarray | None) -> np.ndarray:
+        """Write ``m`` checked rows (``p``: their priorities, or None); the slots.
+
+        An episode end flushes pending n-step windows with the batch: more than
+        ``capacity`` may complete from a batch that fits. They are written in
+        ring order, ``capacity`` at a time, so the ring keeps the last
+        ``capacity``, as if added one by one (``p`` is None then: priorities are
+        refused with n-step).
+        """
+        cap = self._capacity
+        if m == 0:
+            return np.empty(0, dtype=np.int64)
+        if m <= cap:
+            return self._write(out, m, p)
+        return np.concatenate([
+            self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
+            for lo in range(0, m, cap)
+        ])  # fmt: skip
 
     def _add_frames(self, transition: Any, priorities: Any, env_ids: Any) -> np.ndarray:
         """``add`` for a frame buffer: frames to the frame ring, ids to the transitions."""
         frames = self._frames
         assert frames is not None
         nstep = self._nstep
-        if nstep is not None and priorities is not None:
-            raise ValueError(
-                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
-            )
+        if nstep is not None:
+            self._refuse_priorities_with_windows(priorities)
         batch, k = coerce_batch(self._input_fields, transition, None)
         fplan = frames.plan(batch, k, env_ids)
         rows = fplan.batch
-        cap = self._capacity
         p = None
         if nstep is not None:
-            plan = nstep.prepare(rows, k, env_ids)
+            plan = self._plan_windows(rows, k, env_ids)
             out, m = plan.out, plan.count
-            if m > cap and k > cap:
-                raise ValueError(
-                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
-                )
         else:
-            out, m = coerce_batch(self._storage.fields, rows, cap)
-            if priorities is not None:
-                arr = to_numpy(priorities)
-                p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
-                self._sampler.check_priorities("priorities", p)
+            out, m = coerce_batch(self._storage.fields, rows, self._capacity)
+            p = self._given_priorities(priorities, k)
         # every check has passed; the rows are written first, so a storage whose
         # write fails (a full disk) leaves the frames and windows as they were
         first_key = self._writer.added
-        if m == 0:
-            slots = np.empty(0, dtype=np.int64)
-        elif m <= cap:
-            slots = self._write(out, m, p)
-        else:
-            slots = np.concatenate([
-                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-                for lo in range(0, m, cap)
-            ])  # fmt: skip
+        slots = self._write_rows(out, m, p)
         frames.commit(fplan)
         if nstep is not None:
             nstep.commit(plan)
