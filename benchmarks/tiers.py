@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from fastper import PrioritizedReplayBuffer
-from fastper.tiers import TieredStorage, available_codecs, make_codec
+from fastper.tiers import HOT, WARM, TieredStorage, available_codecs, make_codec
 
 HERE = Path(__file__).resolve().parent
 PRIO_FILE = HERE / "data" / "cartpole_dqn_priorities.npy"
@@ -290,9 +290,9 @@ def warm_row_cost(storage: TieredStorage, calls: int = 2000) -> dict[int, float]
     """
     storage.settle()
     rng = np.random.default_rng(11)
-    hot = np.flatnonzero(storage._tier == 0)
+    hot = np.flatnonzero(storage._tier == HOT)
     hot = hot[hot != storage._open]
-    warm = np.flatnonzero(storage._tier == 1)
+    warm = np.flatnonzero(storage._tier == WARM)
     cs = storage.chunk_size
     out = {}
     for k in (0, 2, 4, 8) if warm.size else ():
