@@ -11,12 +11,13 @@ blocks it needs (one ``pread`` each) and checks each against its CRC.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
 import warnings
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +42,18 @@ class Codec:
     """A block codec: ``compress(data, itemsize) -> bytes``, ``decompress(data, nbytes)``.
 
     Both must be thread-safe (the prefetch thread decompresses).
+    ``warm_rows`` / ``pack_blocks``: where the format has them, compiled
+    kernels calling its C library (:func:`fastper._kernels.lz4.warm_rows`:
+    the warm rows of a gather and promotions, decoded straight from RAM;
+    :func:`fastper._kernels.lz4.pack_blocks`: a chunk compressed in one
+    call); ``None``: ``decompress`` / ``compress`` do it.
     """
 
     name: str
     compress: Callable[[Any, int], bytes]
     decompress: Callable[[bytes, int], bytes]
+    warm_rows: Any = None
+    pack_blocks: Any = None
 
 
 def _lz4() -> Codec:
@@ -57,7 +65,46 @@ def _lz4() -> Codec:
     def decomp(data: bytes, nbytes: int) -> bytes:
         return bytes(lzb.decompress(data, uncompressed_size=nbytes))
 
-    return Codec("lz4", comp, decomp)
+    return Codec("lz4", comp, decomp, *_lz4_kernels())
+
+
+@functools.cache  # once per process
+def _lz4_kernels() -> tuple[Any, Any]:
+    """The compiled kernels of :mod:`fastper._kernels.lz4` (``warm_rows``,
+    ``pack_blocks``), or ``(None, None)`` where LZ4's C functions are not
+    reachable or fail a round trip with the Python codec (the storage then
+    works in Python, with the same results)."""
+    try:
+        import lz4.block as lzb
+
+        from ._kernels.lz4 import pack_blocks, warm_rows
+
+        # one chunk of 4 rows, 2 fields (3 and 5 bytes a row), 2 rows per block
+        cols = (np.arange(12, dtype=np.uint8).reshape(4, 3), np.ones((4, 5), dtype=np.uint8))
+        starts, widths = np.array([0, 6]), np.array([3, 5])
+        ends = np.zeros(2, dtype=np.int64)
+        arena = np.zeros(2 * (16 + 16), dtype=np.uint8)
+        used = pack_blocks(cols, 2, starts, widths, 16, arena, ends)
+        pieces = [arena[a:b].tobytes() for a, b in zip([0, ends[0]], ends, strict=True)]
+        raw = [np.concatenate([c[j : j + 2].ravel() for c in cols]) for j in (0, 2)]
+        held = [np.frombuffer(p, dtype=np.uint8) for p in pieces]
+        out = (np.zeros((4, 3), dtype=np.uint8), np.zeros((4, 5), dtype=np.uint8))
+        got = warm_rows(
+            np.arange(4, dtype=np.int64), np.zeros(4, dtype=np.bool_), np.ones(1, np.int8),
+            -1, 2, 2, np.array([h.ctypes.data for h in held]),
+            np.array([len(p) for p in pieces]), 16, starts, widths, out,
+        )  # fmt: skip
+        ok = used == ends[-1] and tuple(got) == (2, 4, -1)
+        ok = ok and all(np.array_equal(o, c) for o, c in zip(out, cols, strict=True))
+        ok = ok and all(
+            lzb.decompress(p, uncompressed_size=16) == r.tobytes()
+            for p, r in zip(pieces, raw, strict=True)
+        )
+        if not ok:
+            return None, None
+    except Exception:  # noqa: BLE001 - whatever fails (a numba or lz4 build): work in Python
+        return None, None
+    return warm_rows, pack_blocks
 
 
 def _zstd() -> Codec:
@@ -159,7 +206,7 @@ def available_codecs() -> list[str]:
 
 
 # -- cold files -----------------------------------------------------------------------
-def write_chunk_file(path: str, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def write_chunk_file(path: str, pieces: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Write ``pieces`` atomically (temporary file, fsync-free rename); return (offsets, crcs)."""
     sizes = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     head = _HEAD.size + 8 * (len(pieces) + 1) + 4 * len(pieces)
@@ -294,7 +341,8 @@ class BlockLayout:
 
     A block holds ``rows_per_block`` consecutive rows (a power of 2, about
     ``block_bytes`` of raw data), each field's rows one after another, so a
-    codec sees one dtype at a time. Thread-safe: it holds no mutable state.
+    codec sees one dtype at a time. Thread-safe: it holds no mutable state
+    but a per-thread arena for compiled packs.
     """
 
     def __init__(
@@ -317,9 +365,37 @@ class BlockLayout:
         ]
         # blosc2 shuffles by type size: the widest item of the fields
         self.typesize = max(int(f.dtype.itemsize) for f in self.fields.values())
+        #: per field, as arrays for the compiled kernels: offset in a block, bytes per row
+        self.starts = np.array([a for _, a, _ in self.cuts], dtype=np.int64)
+        self.widths = np.array([w for _, _, w in self.cuts], dtype=np.int64)
+        self.shift = chunk_size.bit_length() - 1  # chunk_size is a power of 2
+        self._local = threading.local()  # compiled packs' output arena, per thread
+
+    @staticmethod
+    def as_bytes(cols: Any) -> tuple[np.ndarray, ...]:
+        """Per field, its rows as uint8 rows (views of C-contiguous arrays)."""
+        return tuple(c.reshape(c.shape[0], -1).view(np.uint8) for c in cols)
 
     def pack(self, cols: list[np.ndarray]) -> list[bytes]:
-        """Compress one chunk's rows, given per field: one piece per block. O(bytes)."""
+        """Compress one chunk's rows, given per field: one piece per block. O(bytes).
+
+        In compiled code where the codec has it (into this thread's arena,
+        then one bytes object per block), else with the codec's ``compress``.
+        """
+        kernel = self.codec.pack_blocks
+        if kernel is not None:
+            nbytes = self.nbytes
+            arena = getattr(self._local, "arena", None)
+            if arena is None:  # LZ4_compressBound of a block, per block
+                arena = self._local.arena = np.empty(
+                    self.per_chunk * (nbytes + nbytes // 255 + 16), dtype=np.uint8
+                )
+            ends = np.empty(self.per_chunk, dtype=np.int64)
+            rpb = self.rows_per_block
+            used = kernel(self.as_bytes(cols), rpb, self.starts, self.widths, nbytes, arena, ends)
+            if used >= 0:
+                cuts = ends.tolist()
+                return [arena[a:b].tobytes() for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
         rpb, comp, size = self.rows_per_block, self.codec.compress, self.typesize
         pieces = []
         for lo in range(0, self.chunk_size, rpb):
@@ -347,6 +423,37 @@ class BlockLayout:
                 )
             out.append(np.frombuffer(raw, dtype=np.uint8))
         return out
+
+    def decode_into(
+        self, pieces: Sequence[bytes], target: Mapping[str, np.ndarray], where: str
+    ) -> None:
+        """Decode a whole chunk's blocks into ``target`` (per field, ``chunk_size`` rows).
+
+        In compiled code where the codec has it (each block decoded once, its
+        rows copied straight into ``target``), else through :meth:`decode`.
+
+        Raises:
+            TierDataError: a block does not decode (``where`` names the source).
+        """
+        kernel, cs = self.codec.warm_rows, self.chunk_size
+        whole = len(pieces) == self.per_chunk and all(type(p) is bytes for p in pieces)
+        if kernel is not None and whole:
+            held = [np.frombuffer(p, dtype=np.uint8) for p in pieces]  # alive: `pieces`
+            _, got, bad = kernel(
+                np.arange(cs, dtype=np.int64), np.zeros(cs, dtype=np.bool_),
+                np.ones(1, dtype=np.int8), -1, self.rows_per_block, self.shift,
+                np.array([h.ctypes.data for h in held], dtype=np.int64),
+                np.array([h.size for h in held], dtype=np.int64), self.nbytes,
+                self.starts, self.widths, self.as_bytes(target[n] for n, _, _ in self.cuts),
+            )  # fmt: skip
+            if bad < 0 and got == cs:
+                return
+            if bad >= 0:  # the codec's own message, where it has one
+                self.decode_raw([pieces[bad // self.rows_per_block]], where)
+            raise TierDataError(f"{where}: a block does not decompress")
+        rows = self.decode(list(pieces), where)
+        for name, t in target.items():
+            t[...] = rows[name].reshape(t.shape)
 
     def decode(self, pieces: list[bytes], where: str | list[str]) -> dict[str, np.ndarray]:
         """Decode blocks: ``{field: (len(pieces), rows_per_block, *shape)}`` views. O(bytes)."""
@@ -383,9 +490,7 @@ def run_job(blocks: BlockLayout, job: tuple[Any, ...]) -> tuple[Any, ...]:
             where = f"cold chunk file {path!r}"
         else:
             pieces, where = source, f"warm chunk {c}"
-        rows = blocks.decode(pieces, where)
-        for name, t in target.items():
-            t[...] = rows[name].reshape(t.shape)
+        blocks.decode_into(pieces, target, where)
     except Exception as exc:  # reported at install: nothing moved
         return (kind, c, tag, None, exc)
     return (kind, c, tag, None, None)

@@ -13,6 +13,13 @@ Inside a chunk, rows are compressed in *blocks* of ``rows_per_block`` rows
 (about ``block_bytes`` of raw data, each field on its own so a codec sees
 one dtype): a gathered row of a warm or cold chunk costs one block's
 decompression (and, cold, one ``pread`` of its bytes), never the chunk's.
+With the lz4 codec the heavy work runs in compiled code that calls LZ4's own
+C functions (:mod:`fastper._kernels.lz4`, outside the interpreter lock): the
+warm rows of a gather are decoded in one call straight into the batch (each
+block once, no Python per row), a promotion decodes a chunk straight into its
+hot slot, a demotion compresses a chunk in one call. A warm row then costs
+about what a hot one does. Cold rows of a gather, and every codec but lz4,
+are decoded in Python.
 
 Writes go to the *open* chunk, which is always hot. When the ring enters a
 chunk that holds rows (it wraps), the chunk is first made hot again: its rows
@@ -28,8 +35,8 @@ chunk's by the factor ``hysteresis``, masses are averaged over rebalances
 (``smoothing``), and at most ``max_moves`` chunks move per rebalance; so a
 small or one-off change of mass moves nothing.
 
-Moves are made inline by default (``prefetch=False``): a promotion is decoded
-and a demotion compressed when the placement decides it (in ``sample``, every
+With ``prefetch=False`` moves are made inline: a promotion is decoded and a
+demotion compressed when the placement decides it (in ``sample``, every
 ``rebalance_every`` calls) or when the ring needs a hot slot (in ``add``).
 With ``prefetch=True`` one background thread does that work instead: a
 promotion is decoded into a reserved hot slot while the learner works on the
@@ -39,10 +46,14 @@ demotion (``pack_ahead`` of them, least mass first) are compressed ahead of
 time (their copies kept in ``warm_bytes``, or in their cold files when warm
 RAM is short), so a demotion costs nothing on the sampling path; the ring
 never writes a chunk while it is being packed (it waits). The thread pays off
-only with a CPU to spare: on the 2-CPU machine of
-``benchmarks/results/tiers.md`` inline moves gave more samples per second in
-every configuration measured (the thread's work and its share of the
-interpreter lock slowed the learner more than the work it took away). What a
+where its work runs outside the interpreter lock, in the compiled lz4 kernels:
+the default (``prefetch=None``) turns it on with them and off otherwise. On
+the 2-CPU machine of ``benchmarks/results/tiers.md`` the thread gave a faster
+training loop than inline moves in 42 of 50 paired configurations of five
+runs with the compiled kernels (37 of the 40 where most rows are warm), and a
+slower one in all 20 of two runs before them, when its work was Python (its
+share of the interpreter lock slowed the learner more than the work it took
+away). What a
 batch returns never depends on where a row is or on the thread: only the
 speed does. It does not guess the next batch's rows: those depend on the
 priorities the learner is about to write. Cold files stay open between
@@ -63,7 +74,7 @@ import tempfile
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,6 +107,58 @@ def _cleanup(paths: list[str], files: OpenFiles, jobs: queue.SimpleQueue[Any]) -
     remove_files(paths)
 
 
+class _WarmPieces(dict[int, tuple[bytes, ...]]):
+    """Warm chunks' compressed blocks (chunk -> a tuple of bytes, one per block),
+    with each block's address and size kept in arrays for the compiled gather.
+
+    The arrays are written on every change of the dict (set, delete, pop,
+    clear: the only ones the storage makes; a chunk's pieces are a tuple, not
+    changed in place), so an address is in them exactly while its bytes
+    object is held here (bytes never move); with ``track`` False they stay
+    empty (no compiled decoder).
+    """
+
+    def __init__(self, n_blocks: int, per_chunk: int, track: bool) -> None:
+        super().__init__()
+        self.per_chunk, self.track = per_chunk, track
+        self.addr = np.zeros(n_blocks if track else 0, dtype=np.int64)
+        self.size = np.zeros(n_blocks if track else 0, dtype=np.int64)
+
+    def _mark(self, c: int, pieces: tuple[bytes, ...] | None) -> None:
+        if not self.track:
+            return
+        at = slice(c * self.per_chunk, (c + 1) * self.per_chunk)
+        if pieces is None:
+            self.addr[at] = 0
+            self.size[at] = 0
+        else:
+            bufs = [np.frombuffer(p, dtype=np.uint8) for p in pieces]
+            self.addr[at] = [b.ctypes.data for b in bufs]
+            self.size[at] = [b.size for b in bufs]
+
+    def __setitem__(self, c: int, pieces: Sequence[bytes]) -> None:
+        pieces = tuple(pieces)
+        if self.track and not all(type(p) is bytes for p in pieces):
+            raise TypeError("warm pieces must be bytes (immutable: their addresses stay valid)")
+        self._mark(c, None)
+        super().__setitem__(c, pieces)
+        self._mark(c, pieces)
+
+    def __delitem__(self, c: int) -> None:
+        super().__delitem__(c)
+        self._mark(c, None)
+
+    def pop(self, c: int, *default: Any) -> Any:
+        out = super().pop(c, *default)
+        self._mark(c, None)
+        return out
+
+    def clear(self) -> None:
+        super().clear()
+        self.addr[:] = 0
+        self.size[:] = 0
+
+
 # -- the storage ------------------------------------------------------------------------
 class TieredStorage:
     """Hot / warm / cold chunked storage placed by sampling mass (see the module docstring).
@@ -123,8 +186,10 @@ class TieredStorage:
             |TD|): averaging stops chunks moving for a one-off change.
         max_moves: most chunks promoted per rebalance (None: no limit).
         prefetch: decode promotions and compress chunks ahead of their
-            demotion in a background thread (default: inline; the thread
-            pays off only with a spare CPU, see the module docstring).
+            demotion in a background thread. ``None`` (default): on where
+            the codec has compiled kernels (lz4: the thread's work then runs
+            outside the interpreter lock), off otherwise (moves inline); see
+            the module docstring.
         pack_ahead: with ``prefetch``: how many full hot chunks, least mass
             first (the next to be demoted), are compressed ahead of their
             demotion, so that it costs nothing on the sampling path (less the
@@ -152,7 +217,7 @@ class TieredStorage:
         hysteresis: float = 1.5,
         smoothing: float = 0.5,
         max_moves: int | None = 8,
-        prefetch: bool = False,
+        prefetch: bool | None = None,
         pack_ahead: int | None = 16,
     ) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
@@ -171,18 +236,21 @@ class TieredStorage:
             "smoothing", smoothing, minimum=0.0, maximum=1.0, strict_min=True
         )
         self.max_moves = None if max_moves is None else check_int("max_moves", max_moves, minimum=1)
-        if not isinstance(prefetch, bool):
-            raise TypeError(f"`prefetch` must be a bool, got prefetch={show(prefetch)}")
-        self.prefetch = prefetch
+        if prefetch is not None and not isinstance(prefetch, bool):
+            raise TypeError(f"`prefetch` must be a bool or None, got prefetch={show(prefetch)}")
         self.pack_ahead = (
             None if pack_ahead is None else check_int("pack_ahead", pack_ahead, minimum=0)
         )
         if not isinstance(codec, str):
             raise TypeError(f"`codec` must be a string, got codec={show(codec)}")
         self.codec = make_codec(codec)
+        compiled = self.codec.warm_rows is not None and self.codec.pack_blocks is not None
+        self.prefetch: bool = compiled if prefetch is None else prefetch
 
         self.row_bytes = sum(f.nbytes_per_item for f in self.fields.values())
         self._blocks = BlockLayout(self.fields, cs, block, self.codec)
+        # the warm rows of a gather decoded in compiled code where the codec has it
+        self._warm_gather = self.codec.warm_rows
         self.rows_per_block = self._blocks.rows_per_block
         self.blocks_per_chunk = self._blocks.per_chunk
         self.n_chunks = -(-self.capacity // cs)
@@ -235,7 +303,9 @@ class TieredStorage:
         self._sealed = False  # the open chunk is full and was handed to the packer
         self._comp_est = self.chunk_bytes  # compressed size of the last chunk packed
         self._slot_owner = np.full(self.n_hot_slots, -1, dtype=np.int64)  # -2: reserved
-        self._warm: dict[int, list[bytes]] = {}
+        self._warm = _WarmPieces(
+            c * self.blocks_per_chunk, self.blocks_per_chunk, track=self._warm_gather is not None
+        )
         self._cold: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._open = -1
         self._old: tuple[int, Any, str] | None = None  # the open chunk's rows not yet rewritten
@@ -545,11 +615,28 @@ class TieredStorage:
         self._counts["rows_hot"] += n_hot
         if n_hot == n:
             return out
-        # the few other rows, one at a time (numpy's per-call cost would dominate):
-        # each decoded block once, each row copied straight from it into `out`
-        sel = np.flatnonzero(~hot)
         rpb, bpc = self.rows_per_block, self.blocks_per_chunk
         dst = [(out[name].reshape(n, -1).view(np.uint8), a, w) for name, a, w in self._blocks.cuts]
+        if self._warm_gather is not None:  # warm rows: one compiled call, C decoder
+            blocks, got, bad = self._warm_gather(
+                idx, hot, self._tier, shadowed, rpb, self._shift, self._warm.addr,
+                self._warm.size, self._blocks.nbytes, self._blocks.starts, self._blocks.widths,
+                tuple(d for d, _, _ in dst),
+            )  # fmt: skip
+            if bad >= 0:
+                g = int(idx[bad]) // rpb
+                where = self._where((WARM, None, ""))
+                self._blocks.decode_raw([self._warm[g // bpc][g % bpc]], where)
+                raise TierDataError(f"{where}: a block does not decompress")
+            self._counts["decompressions"] += blocks
+            self._counts["rows_warm"] += got
+            n_hot += got
+            if n_hot == n:
+                return out
+        # the other rows (cold; warm without a C decoder), one at a time (numpy's
+        # per-call cost would dominate): each block decoded once, each row copied
+        # straight from it into `out`
+        sel = np.flatnonzero(~hot)
         dec, nbytes = self.codec.decompress, self._blocks.nbytes
         raws: dict[int, Any] = {}
         sources: dict[int, tuple[int, Any, str]] = {}

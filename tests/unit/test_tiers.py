@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from fastper.tiers import TierDataError, TieredStorage
 FIELDS = {"obs": ((3, 5), np.uint8), "action": ((), np.int64), "reward": ((), np.float32)}
 ROW = 15 + 8 + 4
 CODECS = T.available_codecs()
+COMPILED_LZ4 = "lz4" in CODECS and C.make_codec("lz4").warm_rows is not None
+needs_compiled_lz4 = pytest.mark.skipif(
+    not COMPILED_LZ4, reason="lz4 (extra fastper[tiers]) with a reachable C decoder"
+)
 
 
 def rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
@@ -33,7 +38,7 @@ def rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
 def tiered(tmp_path, capacity: int = 300, **kw) -> TieredStorage:
     opts = {
         "chunk_size": 8, "hot_bytes": 3 * 8 * ROW, "warm_bytes": 600, "block_bytes": 2 * ROW,
-        "rebalance_every": 2, "cold_dir": tmp_path / "cold",
+        "rebalance_every": 2, "cold_dir": tmp_path / "cold", "prefetch": False,
     }  # fmt: skip
     opts.update(kw)
     return TieredStorage(FIELDS, capacity, **opts)
@@ -74,7 +79,28 @@ def test_batches_equal_ram_storage_across_tiers_and_wrap(tmp_path, codec, prefet
     assert all(s["chunks"][t] > 0 for t in ("hot", "warm", "cold")), s["chunks"]
     for name in FIELDS:
         assert np.array_equal(st.read(name, 0, 300), ram.storage.read(name, 0, 300))
+    assert_warm_addresses(st)
     st.close()
+
+
+def refuse_in_python(st: TieredStorage, **calls) -> None:
+    """Replace the codec's Python calls (e.g. with one that fails the test), everywhere."""
+    st.codec = st._blocks.codec = dataclasses.replace(st.codec, **calls)
+
+
+def assert_warm_addresses(st: TieredStorage) -> None:
+    """The compiled gather's table: each warm block's address and size while held, else 0."""
+    table = st._warm
+    if not table.track:
+        assert table.addr.size == 0 and st._warm_gather is None
+        return
+    addr, size = np.zeros_like(table.addr), np.zeros_like(table.size)
+    for c, pieces in table.items():
+        for j, piece in enumerate(pieces):
+            at = c * st.blocks_per_chunk + j
+            addr[at] = np.frombuffer(piece, dtype=np.uint8).ctypes.data
+            size[at] = len(piece)
+    assert np.array_equal(table.addr, addr) and np.array_equal(table.size, size)
 
 
 def test_uniform_buffer_and_chunk_size_not_dividing_capacity(tmp_path):
@@ -110,6 +136,138 @@ def filled(tmp_path, **kw) -> tuple[TieredStorage, dict[str, np.ndarray]]:
     prepared, k = st.prepare(data)
     st.write(0, prepared, k)
     return st, data
+
+
+@needs_compiled_lz4
+@pytest.mark.parametrize("rows_per_block", [1, 2, 8])
+def test_warm_rows_decoded_in_compiled_code(tmp_path, rows_per_block):
+    st, data = filled(tmp_path, codec="lz4", block_bytes=rows_per_block * ROW, warm_bytes=10**6)
+    assert st.rows_per_block == rows_per_block
+
+    def refuse(data, nbytes):
+        raise AssertionError("a warm row decoded in Python")
+
+    refuse_in_python(st, decompress=refuse)
+    warm = np.flatnonzero(st._tier == T.WARM)
+    hot = np.flatnonzero(st._tier == T.HOT)
+    assert warm.size >= 8 and hot.size >= 2
+    warm_slots = (warm[:, None] * 8 + np.arange(8)).ravel()
+    hot_slots = (hot[:, None] * 8 + np.arange(8)).ravel()
+    rng = np.random.default_rng(5)
+    for _ in range(30):  # repeats, several rows of a block, hot rows between them
+        idx = rng.choice(np.concatenate([warm_slots, hot_slots]), int(rng.integers(1, 80)))
+        before = st.stats()
+        assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+        after = st.stats()
+        in_warm = np.isin(idx, warm_slots)
+        assert after["rows_warm"] - before["rows_warm"] == in_warm.sum()
+        blocks = np.unique(idx[in_warm] // rows_per_block).size
+        assert after["decompressions"] - before["decompressions"] == blocks
+
+
+@needs_compiled_lz4
+@pytest.mark.parametrize("rows_per_block", [1, 2, 8])
+def test_chunks_packed_in_compiled_code_read_back_by_both_paths(tmp_path, rows_per_block):
+    def refuse(data, itemsize):
+        raise AssertionError("a chunk compressed in Python")
+
+    st = tiered(tmp_path, capacity=128, codec="lz4", block_bytes=rows_per_block * ROW)
+    refuse_in_python(st, compress=refuse)
+    data = rows(np.random.default_rng(3), 128)
+    prepared, k = st.prepare(data)
+    st.write(0, prepared, k)  # 16 chunks through 3 hot slots: 13 packed on the way out
+    assert st.stats()["inline_packs"] == 13
+    assert np.count_nonzero(st._tier == T.WARM) and np.count_nonzero(st._tier == T.COLD)
+    idx = np.arange(128)
+    assert_same(st.gather(idx), data)  # warm: compiled decoder; cold: Python's lz4
+    st._warm_gather = None
+    assert_same(st.gather(idx), data)  # warm too in Python
+    for c, pieces in st._warm.items():  # the Python codec reads the compiled blocks
+        raw = [st.codec.decompress(p, st._blocks.nbytes) for p in pieces]
+        assert all(len(r) == st._blocks.nbytes for r in raw), c
+
+
+@needs_compiled_lz4
+def test_warm_chunk_promoted_in_compiled_code(tmp_path):
+    st, data = filled(tmp_path, codec="lz4", warm_bytes=10**6, max_moves=None, hysteresis=1.0)
+
+    def refuse(data, nbytes):
+        raise AssertionError("a warm chunk decoded in Python")
+
+    refuse_in_python(st, decompress=refuse)
+    warm = np.flatnonzero(st._tier == T.WARM)
+    masses = np.ones(st.n_chunks)
+    masses[warm[:2]] = 100.0  # the two heaviest are warm: promoted, two hot ones demoted
+    st.rebalance(masses)
+    assert set(warm[:2].tolist()) <= set(np.flatnonzero(st._tier == T.HOT).tolist())
+    assert st.stats()["promotions"] == 2 and st.stats()["prefetch_failures"] == 0
+    before = st.stats()["rows_hot"]
+    idx = (warm[:2, None] * 8 + np.arange(8)).ravel()
+    assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+    assert st.stats()["rows_hot"] - before == idx.size
+    assert_warm_addresses(st)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_promotion_of_a_corrupted_warm_chunk_fails_and_leaves_it_warm(tmp_path, damage):
+    st, data = filled(tmp_path, warm_bytes=10**6, max_moves=None)
+    c = int(np.flatnonzero(st._tier == T.WARM)[0])
+    pieces = st._warm[c]
+    st._warm[c] = (pieces[0][:-3] if damage == "truncated" else b"", *pieces[1:])
+    with pytest.raises(TierDataError, match="a warm chunk"):
+        st.gather(np.array([c * 8 + 1, c * 8]))
+    masses = np.ones(st.n_chunks)
+    masses[c] = 1e6
+    st.rebalance(masses)  # its promotion fails: it stays warm, counted
+    assert st._tier[c] == T.WARM and st.stats()["prefetch_failures"] == 1
+    assert st.stats()["promotions"] == 0 and not st._pending.any()
+    st._warm[c] = pieces
+    st.rebalance(masses)
+    assert st._tier[c] == T.HOT and st.stats()["promotions"] == 1
+    idx = c * 8 + np.arange(8)
+    assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+
+
+def test_prefetch_by_default_only_with_compiled_kernels(tmp_path):
+    for codec in CODECS:
+        st = TieredStorage(FIELDS, 64, chunk_size=8, codec=codec, cold_dir=tmp_path / codec)
+        assert st.prefetch is (codec == "lz4" and COMPILED_LZ4), codec
+        assert TieredStorage(FIELDS, 64, codec=codec, prefetch=False).prefetch is False
+        st.close()
+    with pytest.raises(TypeError, match="prefetch"):
+        TieredStorage(FIELDS, 64, prefetch=1)
+
+
+@pytest.mark.skipif("lz4" not in CODECS, reason="needs lz4 (extra fastper[tiers])")
+def test_lz4_without_its_compiled_kernels_works_in_python(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastper._kernels.lz4", None)  # the import fails
+    assert C._lz4_kernels.__wrapped__() == (None, None)
+    monkeypatch.setattr(C, "_lz4_kernels", lambda: (None, None))
+    st, data = filled(tmp_path, codec="lz4", warm_bytes=10**6)
+    assert st._warm_gather is None and st._warm.addr.size == 0
+    assert st.codec.pack_blocks is None and st.stats()["inline_packs"] > 0
+    idx = np.arange(128)
+    assert_same(st.gather(idx), data)
+    assert st.stats()["rows_warm"] > 0
+
+
+def test_warm_and_cold_rows_same_with_and_without_compiled_decoder(tmp_path):
+    got = []
+    for compiled in (True, False):
+        st, data = filled(tmp_path / str(compiled), codec=CODECS[0], warm_bytes=300)
+        if not compiled:
+            st._warm_gather = None
+        assert np.count_nonzero(st._tier == T.WARM) and np.count_nonzero(st._tier == T.COLD)
+        rng = np.random.default_rng(2)
+        for _ in range(20):
+            idx = rng.integers(0, 128, int(rng.integers(1, 64)))
+            batch = st.gather(idx)
+            assert_same(batch, {k: v[idx] for k, v in data.items()})
+            got.append(batch)
+        st.close()
+    half = len(got) // 2
+    for a, b in zip(got[:half], got[half:], strict=True):
+        assert_same(a, b)
 
 
 def test_placement_follows_mass(tmp_path):
@@ -235,11 +393,12 @@ def test_pack_ahead_packs_the_next_to_be_demoted(tmp_path):
 def test_corrupted_warm_block_is_named(tmp_path):
     st, data = filled(tmp_path, hot_bytes=8 * ROW, warm_bytes=10**6)
     c = int(np.flatnonzero(st._tier == T.WARM)[0])
-    good = st._warm[c][0]
-    st._warm[c][0] = good[: len(good) // 2]
+    pieces = st._warm[c]
+    good = pieces[0]
+    st._warm[c] = (good[: len(good) // 2], *pieces[1:])
     with pytest.raises(TierDataError, match="a warm chunk: a block"):
         st.gather(np.array([c * 8]))
-    st._warm[c][0] = good
+    st._warm[c] = pieces
     assert_same(st.gather(np.array([c * 8])), {k: v[[c * 8]] for k, v in data.items()})
 
 
