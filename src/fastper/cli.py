@@ -27,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _integer(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, written ``1048576``, ``2^20`` or ``2**20``."""
+    """An argparse type: an integer >= ``minimum``, written ``1048576``, ``1_000_000``,
+    ``1e6`` (a whole number in scientific notation, up to 2^53), ``2^20`` or ``2**20``."""
 
     def parse(text: str) -> int:
         t = text.strip().replace("**", "^")
@@ -37,11 +38,16 @@ def _integer(minimum: int) -> Callable[[str], int]:
                 if not 0 <= exp <= 64:
                     raise ValueError
                 value = base**exp
+            elif "e" in t.lower() and not t.lower().startswith(("0x", "-0x")):
+                number = float(t)
+                if not (number.is_integer() and abs(number) <= 2**53):
+                    raise ValueError
+                value = int(number)
             else:
                 value = int(t)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected a whole number such as 1000 or 2^20, got {text!r}"
+                f"expected a whole number such as 1000, 1e6 or 2^20, got {text!r}"
             ) from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
@@ -527,11 +533,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if peer_args is not None:
         args.peer_args = peer_args
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a reader gone away shows here, not at exit
+        return status
     except UsageError as exc:
         message = " ".join(str(exc).split())
         print(f"fastper {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`fastper compare DIR | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # as a shell reports a command ended by SIGPIPE (128 + 13)
 
 
 if __name__ == "__main__":  # pragma: no cover

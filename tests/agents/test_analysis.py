@@ -218,6 +218,37 @@ def test_compare_falls_back_to_training_returns(tmp_path, capsys) -> None:
     assert "1 of 4 runs have none, e.g." in err and "\n" not in err
 
 
+def test_runs_kept_with_their_evaluations_only_serve_evaluation_returns(tmp_path, capsys) -> None:
+    two_schemes(tmp_path, seeds=2)
+    full = main(["compare", str(tmp_path), "--returns", "eval"]), capsys.readouterr().out
+    for ep in tmp_path.rglob("episodes.csv"):
+        ep.unlink()  # as a results page might publish them: config + evaluations only
+    assert len(analysis.find_runs([tmp_path])) == 4
+    assert main(["compare", str(tmp_path)]) == 0  # evaluations everywhere: used
+    assert capsys.readouterr().out == full[1] and full[0] == 0  # the same table
+    assert main(["compare", str(tmp_path), "--returns", "train"]) == 2
+    err = capsys.readouterr().err
+    assert "training returns need episodes.csv in every run; 4 of 4 runs" in err
+    (tmp_path / "dqn-CartPole-v1-per" / "seed-1" / "evaluations.csv").unlink()
+    assert len(analysis.find_runs([tmp_path])) == 3  # config.json alone: not a run
+    run = analysis.load_run(tmp_path / "dqn-CartPole-v1-per" / "seed-0")
+    assert not run.has_episodes and run.steps.size == 0 and run.has_evaluations
+    with pytest.raises(ValueError, match="episodes.csv or evaluations.csv"):
+        analysis.load_run(tmp_path / "dqn-CartPole-v1-per" / "seed-1")
+
+
+def test_compare_into_a_closed_pipe_stops_quietly(tmp_path) -> None:
+    two_schemes(tmp_path, seeds=2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastper", "compare", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.close()  # as `| head` does once it has its lines: before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
 def test_compare_says_which_library_computed_the_iqm(tmp_path, capsys, monkeypatch) -> None:
     two_schemes(tmp_path, seeds=3)
     monkeypatch.setattr(stats, "_rliable", lambda: "rliable is not installed (pip install x)")

@@ -9,6 +9,7 @@ case fails while the arguments are checked, before any training starts.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import subprocess
@@ -100,6 +101,14 @@ def test_bench_accepts_powers_of_two_and_small_capacities():
     from fastper.cli import _integer
 
     assert _integer(1)("2^10") == _integer(1)("2**10") == 1024
+    # as --set total_steps=1e6 reads it: a whole number in scientific notation
+    assert _integer(1)("1e6") == _integer(1)("1E6") == _integer(1)("1_000_000") == 10**6
+    assert _integer(1)("2.5e3") == 2500
+    for bad in ("1.5", "2.5e0", "1e300", "inf", "nan", "1e-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="whole number"):
+            _integer(1)(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1, got 0"):
+        _integer(1)("0e5")
     timings = _bench.run(10, 4, calls=3)  # capacity below the fill batch of 1000
     assert timings[1].op == "add (batches of 10)"
 

@@ -2,7 +2,8 @@
 
 A run is a directory holding ``config.json`` and ``episodes.csv`` (written by
 ``fastper train``), and ``evaluations.csv`` when the agent evaluated its
-greedy policy during training. Runs are grouped by ``(algo, env_id,
+greedy policy during training (a run kept with ``evaluations.csv`` only is
+read too: it serves evaluation returns). Runs are grouped by ``(algo, env_id,
 replay)`` plus any other setting that differs between runs of the same
 scheme, so runs with different hyperparameters never end up averaged
 together silently.
@@ -90,6 +91,7 @@ class Run:
     eval_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     eval_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))  # mean per evaluation
     eval_episodes: int = 0  # episodes per evaluation (the most seen)
+    has_episodes: bool = True  # an episodes.csv was there (its rows may be none)
 
     @property
     def total_steps(self) -> int:
@@ -135,26 +137,38 @@ def _read_evaluations(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
     return steps, means, max((len(v) for v in by_step.values()), default=0)
 
 
+def _is_run(p: Path) -> bool:
+    """A run directory: ``config.json`` and the episodes, the evaluations or both."""
+    has_log = (p / EPISODES_CSV).is_file() or (p / EVALUATIONS_CSV).is_file()
+    return (p / CONFIG_JSON).is_file() and has_log
+
+
 def load_run(path: str | Path) -> Run:
-    """Read one run directory (``evaluations.csv`` too, if there is one).
+    """Read one run directory: ``config.json`` with ``episodes.csv``, ``evaluations.csv`` or both.
+
+    A run kept with its evaluations only (e.g. published without the
+    training-episode log) serves evaluation returns; asking it for training
+    returns is refused by :func:`choose_returns`.
 
     Raises:
         ValueError: not a run directory, or a CSV without its columns.
     """
     p = Path(path)
     cfg_file, ep_file = p / CONFIG_JSON, p / EPISODES_CSV
-    if not cfg_file.is_file() or not ep_file.is_file():
+    if not _is_run(p):
         raise ValueError(
-            f"`path` must be a run directory with {CONFIG_JSON} and {EPISODES_CSV}, got {p}"
+            f"`path` must be a run directory with {CONFIG_JSON} and {EPISODES_CSV} or "
+            f"{EVALUATIONS_CSV}, got {p}"
         )
     record = json.loads(cfg_file.read_text())
-    rows = _read_csv(ep_file, ("step", "return"))
+    rows = _read_csv(ep_file, ("step", "return")) if ep_file.is_file() else []
     run = Run(
         path=p,
         config=dict(record.get("config", {})),
         meta={k: v for k, v in record.items() if k != "config"},
         steps=np.array([int(r["step"]) for r in rows], dtype=np.int64),
         returns=np.array([float(r["return"]) for r in rows], dtype=np.float64),
+        has_episodes=ep_file.is_file(),
     )
     if (p / EVALUATIONS_CSV).is_file():
         run.eval_steps, run.eval_returns, run.eval_episodes = _read_evaluations(p / EVALUATIONS_CSV)
@@ -175,7 +189,7 @@ def find_runs(dirs: Iterable[str | Path], include_unfinished: bool = False) -> l
         if not root.exists():
             raise ValueError(f"`dirs` must exist, got {root}")
         for cfg in sorted(root.rglob(CONFIG_JSON)):
-            if not (cfg.parent / EPISODES_CSV).is_file():
+            if not _is_run(cfg.parent):
                 continue
             if not include_unfinished and not (cfg.parent / SUMMARY_JSON).is_file():
                 unfinished += 1
@@ -184,7 +198,10 @@ def find_runs(dirs: Iterable[str | Path], include_unfinished: bool = False) -> l
     if unfinished:
         print(f"note: left out {unfinished} unfinished run(s) (no {SUMMARY_JSON})", file=sys.stderr)
     if not found:
-        raise ValueError(f"no finished runs ({CONFIG_JSON} + {EPISODES_CSV}) found under {dirs}")
+        raise ValueError(
+            f"no finished runs ({CONFIG_JSON} + {EPISODES_CSV} or {EVALUATIONS_CSV}) "
+            f"found under {dirs}"
+        )
     return [found[k] for k in sorted(found)]
 
 
@@ -235,8 +252,9 @@ def choose_returns(runs: Sequence[Run], returns: str | None = None) -> ReturnsUs
     """Evaluation returns if asked for or (``returns=None``) if every run has them, else training.
 
     Raises:
-        ValueError: ``returns`` not in :data:`RETURNS`, or "eval" while some
-            run has no evaluations.
+        ValueError: ``returns`` not in :data:`RETURNS`, "eval" while some
+            run has no evaluations, or training returns (asked for, or the
+            fallback) while some run has no ``episodes.csv``.
     """
     if returns is not None and returns not in RETURNS:
         raise ValueError(f"`returns` must be one of {list(RETURNS)}, got returns={returns!r}")
@@ -253,6 +271,13 @@ def choose_returns(runs: Sequence[Run], returns: str | None = None) -> ReturnsUs
             f"returns: greedy evaluations from {EVALUATIONS_CSV}, each the mean of its "
             f"episodes ({k} at most)",
             f"evaluation return (greedy, mean of {k} episodes)",
+        )
+    no_log = [r for r in runs if not r.has_episodes]
+    if no_log:
+        raise ValueError(
+            f"training returns need {EPISODES_CSV} in every run; {len(no_log)} of {len(runs)} "
+            f"runs have only {EVALUATIONS_CSV}, e.g. {no_log[0].path}"
+            + ("" if returns == "train" else f", and {len(lacking)} have no evaluations")
         )
     why = (
         ""
