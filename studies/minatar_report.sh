@@ -3,8 +3,10 @@
 # per game with finished runs, the runs' logs (config, summary, episodes and
 # evaluations; no checkpoints) under runs/<game>/, then compare_<game>.md
 # (`fastper compare`: IQM with stratified bootstrap intervals, t-intervals,
-# AUC), curve_<game>.png (evaluation returns, bootstrap bands from 5 seeds)
-# and profile_<game>.png (performance profile of the final returns).
+# AUC), tests_<game>.md (per-seed figures, mean curve, Welch and Mann-Whitney
+# tests against uniform: studies/minatar_tests.py), curve_<game>.png
+# (evaluation returns, bootstrap bands from 5 seeds) and profile_<game>.png
+# (performance profile of the final returns).
 #
 #   bash studies/minatar_report.sh [GAME ...]   # default: every game under runs/minatar
 set -euo pipefail
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 RUNS="${OUT:-runs/minatar}"
 DOCS=docs/results/minatar
 FASTPER="${FASTPER:-.venv/bin/fastper}"
+PYTHON="${PYTHON:-.venv/bin/python}"
 GAMES=("$@")
 if [ ${#GAMES[@]} -eq 0 ]; then
   for d in "$RUNS"/*/; do GAMES+=("$(basename "$d")"); done
@@ -29,6 +32,7 @@ for game in "${GAMES[@]}"; do
   echo "$game: $copied finished run(s)"
   [ "$copied" -gt 0 ] || continue
   "$FASTPER" compare "$dest" --returns eval > "$DOCS/compare_${game}.md"
+  "$PYTHON" studies/minatar_tests.py "$dest" > "$DOCS/tests_${game}.md"
   "$FASTPER" plot "$dest" --returns eval -o "$DOCS/curve_${game}.png" \
     --profile "$DOCS/profile_${game}.png" --title "MinAtar $game (v0), Double DQN, 100k steps"
 done
