@@ -6,7 +6,8 @@
 # AUC), tests_<game>.md (per-seed figures, mean curve, Welch and Mann-Whitney
 # tests against uniform: studies/minatar_tests.py), curve_<game>.png
 # (evaluation returns, bootstrap bands from 5 seeds) and profile_<game>.png
-# (performance profile of the final returns).
+# (performance profile of the final returns); then across_games.md
+# (studies/minatar_across.py: IQM over games of scores relative to uniform).
 #
 #   bash studies/minatar_report.sh [GAME ...]   # default: every game under runs/minatar
 set -euo pipefail
@@ -36,3 +37,5 @@ for game in "${GAMES[@]}"; do
   "$FASTPER" plot "$dest" --returns eval -o "$DOCS/curve_${game}.png" \
     --profile "$DOCS/profile_${game}.png" --title "MinAtar $game (v0), Double DQN, 100k steps"
 done
+# across the games with all three schemes: IQM of scores relative to uniform
+"$PYTHON" studies/minatar_across.py "$DOCS/runs" > "$DOCS/across_games.md"

@@ -1,0 +1,85 @@
+"""Across games of the MinAtar study: IQM of scores relative to uniform replay.
+
+    python studies/minatar_across.py [docs/results/minatar/runs] > across_games.md
+
+For every game directory with finished runs of all three schemes, each run's
+final return and AUC (as ``fastper compare`` computes them from the greedy
+evaluations) are divided by the mean of uniform replay's runs on that game
+(so 1.0 is uniform's average there; MinAtar has no human scores to normalise
+by). Per scheme the scores form a runs x games matrix; its interquartile
+mean (IQM) with a 95% stratified bootstrap interval (rliable when installed,
+else scipy; resampling runs within each game) summarises the games, as
+rliable's aggregate metrics do. Uniform's own IQM is near, not exactly, 1:
+its runs spread around their mean.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fastper.agents import analysis, stats
+
+SCHEMES = ("uniform", "per", "rank")
+WINDOW = 100  # compare's default; evaluations are not smoothed by it
+
+
+def game_scores(root: Path) -> dict[str, dict[str, np.ndarray]] | None:
+    """{scheme: {"final": per-run, "auc": per-run}} for one game, or None if a scheme is missing."""
+    runs = analysis.find_runs([root])
+    groups = {g.label: g.runs for g in analysis.group_runs(runs)}
+    if not all(s in groups for s in SCHEMES):
+        return None
+    grid = analysis.grid_for(runs)
+    out = {}
+    for s in SCHEMES:
+        group = sorted(groups[s], key=lambda r: int(r.config.get("seed", 0)))
+        out[s] = {
+            "final": np.array([analysis.final_return(r, "eval") for r in group]),
+            "auc": np.array(
+                [np.nanmean(analysis.smoothed_curve(r, grid, WINDOW, "eval")) for r in group]
+            ),
+        }
+    return out
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else "docs/results/minatar/runs")
+    games = {}
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        got = game_scores(d)
+        if got is not None:
+            games[d.name] = got
+    if not games:
+        print(f"no game with finished runs of {', '.join(SCHEMES)} under {root}", file=sys.stderr)
+        return 1
+    backend = stats.stats_backend("auto")
+    n = min(len(g[s]["final"]) for g in games.values() for s in SCHEMES)
+    lines = [
+        f"Games: {', '.join(games)} ({n} runs per scheme and game; scores divided by uniform's "
+        f"mean on the game; IQM [95% stratified bootstrap CI], {backend.note})",
+        "",
+        "| scheme | final return: IQM [CI] | AUC: IQM [CI] | final return per game (mean) |",
+        "|---|---|---|---|",
+    ]
+    for s in SCHEMES:
+        cols = {}
+        for metric in ("final", "auc"):
+            mat = np.column_stack(
+                [g[s][metric][:n] / g["uniform"][metric].mean() for g in games.values()]
+            )
+            est = stats.iqm_ci(mat, backend)
+            cols[metric] = f"{est.value:.2f} [{est.low:.2f}, {est.high:.2f}]"
+        per_game = ", ".join(
+            f"{name} {g[s]['final'].mean() / g['uniform']['final'].mean():.2f}"
+            for name, g in games.items()
+        )
+        lines.append(f"| {s} | {cols['final']} | {cols['auc']} | {per_game} |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
