@@ -19,7 +19,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -424,6 +424,13 @@ class BlockLayout:
             out.append(np.frombuffer(raw, dtype=np.uint8))
         return out
 
+    def refuse(self, piece: bytes | None, where: str) -> NoReturn:
+        """Raise :class:`TierDataError` for a block that did not decode, with the
+        codec's own message where ``piece`` (the block) gives one."""
+        if piece is not None:
+            self.decode_raw([piece], where)
+        raise TierDataError(f"{where}: a block does not decompress")
+
     def decode_into(
         self, pieces: Sequence[bytes], target: Mapping[str, np.ndarray], where: str
     ) -> None:
@@ -448,9 +455,7 @@ class BlockLayout:
             )  # fmt: skip
             if bad < 0 and got == cs:
                 return
-            if bad >= 0:  # the codec's own message, where it has one
-                self.decode_raw([pieces[bad // self.rows_per_block]], where)
-            raise TierDataError(f"{where}: a block does not decompress")
+            self.refuse(pieces[bad // self.rows_per_block] if bad >= 0 else None, where)
         rows = self.decode(list(pieces), where)
         for name, t in target.items():
             t[...] = rows[name].reshape(t.shape)

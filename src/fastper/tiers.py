@@ -625,9 +625,7 @@ class TieredStorage:
             )  # fmt: skip
             if bad >= 0:
                 g = int(idx[bad]) // rpb
-                where = self._where((WARM, None, ""))
-                self._blocks.decode_raw([self._warm[g // bpc][g % bpc]], where)
-                raise TierDataError(f"{where}: a block does not decompress")
+                self._blocks.refuse(self._warm[g // bpc][g % bpc], self._where((WARM, None, "")))
             self._counts["decompressions"] += blocks
             self._counts["rows_warm"] += got
             n_hot += got
@@ -656,8 +654,7 @@ class TieredStorage:
                 except Exception:  # the codecs raise their own error types
                     data = b""
                 if len(data) != nbytes:  # says what is wrong, naming the chunk
-                    self._blocks.decode_raw([piece], self._where(src))
-                    raise TierDataError(f"{self._where(src)}: a block does not decompress")
+                    self._blocks.refuse(piece, self._where(src))
                 raw = raws[g] = np.frombuffer(data, dtype=np.uint8)
             for d, a, w in dst:
                 d[pos] = raw[a + r * w : a + (r + 1) * w]
