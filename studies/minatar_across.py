@@ -19,30 +19,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from minatar_tests import scheme_scores  # this folder: run as python studies/...
 
-from fastper.agents import analysis, stats
+from fastper.agents import stats
 
 SCHEMES = ("uniform", "per", "rank")
-WINDOW = 100  # compare's default; evaluations are not smoothed by it
 
 
 def game_scores(root: Path) -> dict[str, dict[str, np.ndarray]] | None:
     """{scheme: {"final": per-run, "auc": per-run}} for one game, or None if a scheme is missing."""
-    runs = analysis.find_runs([root])
-    groups = {g.label: g.runs for g in analysis.group_runs(runs)}
-    if not all(s in groups for s in SCHEMES):
+    scores = scheme_scores(root)
+    if not all(s in scores for s in SCHEMES):
         return None
-    grid = analysis.grid_for(runs)
-    out = {}
-    for s in SCHEMES:
-        group = sorted(groups[s], key=lambda r: int(r.config.get("seed", 0)))
-        out[s] = {
-            "final": np.array([analysis.final_return(r, "eval") for r in group]),
-            "auc": np.array(
-                [np.nanmean(analysis.smoothed_curve(r, grid, WINDOW, "eval")) for r in group]
-            ),
-        }
-    return out
+    return {s: {"final": scores[s]["final"], "auc": scores[s]["auc"]} for s in SCHEMES}
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -24,21 +25,40 @@ from fastper.agents import analysis
 WINDOW = 100  # compare's default; evaluations are not smoothed by it
 
 
+def scheme_scores(root: Path) -> dict[str, dict[str, Any]]:
+    """Per scheme under ``root``: its runs in seed order, their seeds, final returns and AUCs.
+
+    As ``fastper compare`` computes them from the greedy evaluations (final:
+    the evaluations in the last 10% of the steps; AUC: the mean of the
+    evaluation curve on the compare grid). Also used by minatar_across.py.
+    """
+    runs = analysis.find_runs([root])
+    grid = analysis.grid_for(runs)
+    out = {}
+    for g in analysis.group_runs(runs):
+        group = sorted(g.runs, key=lambda r: int(r.config.get("seed", 0)))
+        out[g.label] = {
+            "runs": group,
+            "seeds": [int(r.config.get("seed", 0)) for r in group],
+            "final": np.array([analysis.final_return(r, "eval") for r in group]),
+            "auc": np.array(
+                [np.nanmean(analysis.smoothed_curve(r, grid, WINDOW, "eval")) for r in group]
+            ),
+        }
+    return out
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    runs = analysis.find_runs([Path(argv[0])])
-    groups = {g.label: g.runs for g in analysis.group_runs(runs)}
-    grid = analysis.grid_for(runs)
-    finals, aucs, evals, seeds = {}, {}, {}, {}
+    scores = scheme_scores(Path(argv[0]))
+    groups = {label: sc["runs"] for label, sc in scores.items()}
+    finals = {label: sc["final"] for label, sc in scores.items()}
+    aucs = {label: sc["auc"] for label, sc in scores.items()}
+    seeds = {label: sc["seeds"] for label, sc in scores.items()}
+    evals = {}
     for label, group in groups.items():
-        group = sorted(group, key=lambda r: int(r.config.get("seed", 0)))
-        seeds[label] = [int(r.config.get("seed", 0)) for r in group]
-        finals[label] = np.array([analysis.final_return(r, "eval") for r in group])
-        aucs[label] = np.array(
-            [np.nanmean(analysis.smoothed_curve(r, grid, WINDOW, "eval")) for r in group]
-        )
         steps = group[0].eval_steps
         same = all(np.array_equal(r.eval_steps, steps) for r in group)
         evals[label] = (steps, np.mean([r.eval_returns for r in group], axis=0) if same else None)
