@@ -416,6 +416,82 @@ def test_file_truncated_while_open_is_named(tmp_path):
     assert not st._files.fds
 
 
+def test_rebalance_with_prefetch_never_compresses_on_the_sampling_path(tmp_path):
+    # nothing packed ahead: a hot chunk to be swapped out has no copy; the
+    # rebalance packs it in the background and demotes it at the next one
+    st, data = filled(
+        tmp_path, hot_bytes=4 * 8 * ROW, warm_bytes=10**6, max_moves=None, hysteresis=1.0,
+        smoothing=1.0, pack_ahead=0, prefetch=True,
+    )  # fmt: skip
+    assert sorted(np.flatnonzero(st._tier == T.HOT).tolist()) == [12, 13, 14, 15]
+    assert not {12, 13, 14} & (st._warm.keys() | st._cold.keys())  # no copies
+    masses = np.full(16, 1.0)
+    masses[0] = 100.0  # chunk 0 (warm or cold) outweighs every hot chunk
+    inline = st.stats()["inline_packs"]
+    st.rebalance(masses)
+    assert st._tier[0] != T.HOT and not st._pending[0]  # no slot freed yet: nothing promoted
+    assert st._tier[12] == T.HOT  # the swap waits for its copy
+    st.settle()
+    assert 12 in st._warm and st.stats()["inline_packs"] == inline
+    st.rebalance(masses)  # the copy is there: demoted for free, 0 promoted into its slot
+    st.settle()
+    assert st._tier[12] == T.WARM and st._tier[0] == T.HOT
+    assert st.stats()["inline_packs"] == inline and st.stats()["promotions"] == 1
+    idx = np.array([0, 7, 12 * 8 + 1, 13 * 8 + 5])
+    assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+    # inline moves (prefetch=False) swap at once, compressing on the spot
+    st2, _ = filled(
+        tmp_path / "b", hot_bytes=4 * 8 * ROW, warm_bytes=10**6, max_moves=None,
+        hysteresis=1.0, smoothing=1.0,
+    )  # fmt: skip
+    before = st2.stats()["inline_packs"]
+    st2.rebalance(masses)
+    assert st2._tier[0] == T.HOT and st2.stats()["inline_packs"] == before + 1
+
+
+def test_ring_frees_a_packed_hot_slot_first(tmp_path):
+    # the chunk the ring enters needs a hot slot: among the next in line for
+    # demotion (pack_ahead of them) one with a packed copy goes, not the
+    # lightest without one (which would be compressed, or waited for, on the
+    # spot), if it is about as light (within the hysteresis factor, 1.5)
+    st, data = filled(tmp_path, hot_bytes=4 * 8 * ROW, warm_bytes=10**6, pack_ahead=2,
+                      prefetch=True)  # fmt: skip
+    masses = np.full(16, 0.1)
+    masses[[12, 13, 14]] = [1.0, 2.0, 3.0]
+    st.rebalance(masses)
+    st.settle()
+    assert {12, 13} <= st._warm.keys() and 14 not in st._warm  # the two lightest packed
+    st._mass[14] = 0.9  # now the lightest, without a copy; 12 (1.0) within the factor
+    inline = st.stats()["inline_packs"]
+    new = rows(np.random.default_rng(9), 16)
+    st.write(0, st.prepare(new)[0], 8)  # enters chunk 0: a hot slot is freed
+    assert st._tier[12] == T.WARM and st._tier[14] == T.HOT and st._tier[0] == T.HOT
+    assert st.stats()["inline_packs"] == inline
+    st._mass[14] = 0.1  # far lighter than 13 (2.0, packed): 14 goes, not 13
+    st.write(8, st.prepare({k: v[8:] for k, v in new.items()})[0], 8)  # enters chunk 1
+    assert st._tier[14] == T.WARM and st._tier[13] == T.HOT and st._tier[1] == T.HOT
+    data = {k: np.concatenate([new[k], v[16:]]) for k, v in data.items()}
+    idx = np.array([3, 9, 12 * 8 + 2, 13 * 8, 14 * 8 + 6, 100])
+    assert_same(st.gather(idx), {k: v[idx] for k, v in data.items()})
+
+
+def test_warm_bytes_kept_in_step_with_the_pieces(tmp_path):
+    # the running total of compressed RAM (read on every move) equals a recount
+    st = tiered(tmp_path, hot_bytes=5 * 8 * ROW, warm_bytes=900, prefetch=True, pack_ahead=2)
+    ram = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=4)
+    buf = PrioritizedReplayBuffer(300, FIELDS, alpha=0.6, beta=0.4, seed=4, storage=st)
+    for seed in range(4):
+        drive(ram, buf, 30, seed=seed)
+        st.settle()
+        recount = sum(len(p) for pieces in st._warm.values() for p in pieces)
+        assert st.stats()["bytes"]["warm"] == st._warm.nbytes == recount
+        assert recount == int(st._comp[list(st._warm)].sum())
+    assert st.stats()["demotions"] > 10 and st.stats()["chunks"]["cold"] > 0
+    st._warm.clear()
+    assert st._warm.nbytes == 0
+    st.close()
+
+
 def test_stats_consistent_with_counts(tmp_path):
     st, data = filled(tmp_path, hot_bytes=2 * 8 * ROW, warm_bytes=300)
     masses = np.arange(1.0, 17.0)
@@ -574,3 +650,18 @@ def test_import_fastper_imports_no_codec():
     code = "import sys, fastper; print([m for m in ('lz4', 'zstandard', 'blosc2') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_addresses_of_warm_pieces(monkeypatch, fast):
+    # the compiled gather reads warm blocks by address: the fast path (CPython's
+    # layout, checked at import) and the ctypes one agree with numpy's view
+    if not fast:
+        monkeypatch.setattr(T, "_BYTES_OFFSET", None)
+    elif T._BYTES_OFFSET is None:
+        pytest.skip("this interpreter's bytes layout is not CPython's")
+    pieces = (b"", b"a", bytes(range(256)) * 3, np.arange(9, dtype=np.int64).tobytes())
+    want = [np.frombuffer(p, dtype=np.uint8).ctypes.data if p else None for p in pieces]
+    got = T._addresses(pieces)
+    assert [g if p else None for g, p in zip(got, pieces, strict=True)] == want
+
