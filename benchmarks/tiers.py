@@ -1,7 +1,7 @@
 """Hot / warm / cold storage (:class:`fastper.tiers.TieredStorage`): codecs and throughput.
 
 Usage:
-    python -m benchmarks.tiers [--slots 8192] [--iters 400] [--repeats 5]
+    python -m benchmarks.tiers [--slots 8192] [--iters 400] [--repeats 5] [--runs 1]
                                [--hot 0.05 0.1 0.2 0.25] [--big-hot 0.9]
                                [--out benchmarks/results/tiers.md] [--quick]
     python -m benchmarks.tiers --make-td   # rewrites benchmarks/data/cartpole_dqn_*.npy
@@ -39,6 +39,9 @@ Data:
    run's. Timed for each hot-tier size against the all-in-RAM buffer, in
    interleaved rounds, medians; time in ``sample`` + ``update_priorities``
    and the whole loop; hit rates, mass and bytes per tier from ``stats()``.
+   ``--runs N`` repeats the whole measurement N times (fresh buffers each
+   time) and adds a table of the medians and ranges of the ratios over the
+   runs, and how often the background thread beat inline moves in a pair.
    Layouts (see :class:`Run`): ``measured``, ``iid`` (pessimistic) and
    ``skewed`` (the run's values, 91% of the mass in 15% of the chunks: the
    target's condition, which real runs do not reach, made to hold).
@@ -434,9 +437,57 @@ def other_runs() -> dict[str, np.ndarray]:
     }
 
 
+def runs_summary(all_runs: list[list[dict[str, Any]]]) -> list[str]:
+    """Markdown: per configuration, median (range) of the ratios to RAM over the runs;
+    and in how many pairs (a configuration, default vs inline, same run) the thread won."""
+    n = len(all_runs)
+    lines = [
+        "",
+        f"## Over {n} runs (fresh buffers each run; medians, ranges in brackets)",
+        "",
+        "| layout | config | hot mass | sample vs RAM | loop vs RAM |",
+        "|---|---|---:|---:|---:|",
+    ]
+    keys = [(r["layout"], r["config"]) for r in all_runs[0] if r["stats"] is not None]
+
+    def ratios(key: tuple[str, str], what: str) -> list[float]:
+        return [r[what] for run in all_runs for r in run if (r["layout"], r["config"]) == key]
+
+    def show_range(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+    for key in keys:
+        mass = [
+            r["stats"]["mass_fraction"]["hot"]
+            for run in all_runs for r in run if (r["layout"], r["config"]) == key
+        ]  # fmt: skip
+        lines.append(
+            f"| {key[0]} | {key[1]} | {statistics.median(mass):.3f} "
+            f"| {show_range(ratios(key, 'sample_ratio'))} | {show_range(ratios(key, 'loop_ratio'))} |"
+        )
+    pairs = [
+        (key, (key[0], key[1].removesuffix(", inline")))
+        for key in keys
+        if key[1].endswith(", inline")
+    ]
+    for what, label in (("loop_ratio", "loop"), ("sample_ratio", "sample + update")):
+        won = total = 0
+        for inline, default in pairs:
+            for a, b in zip(ratios(default, what), ratios(inline, what), strict=True):
+                total += 1
+                won += a > b
+        lines.append("")
+        lines.append(
+            f"Background thread (default) against inline moves, same configuration and run: "
+            f"faster {label} in {won} of {total} pairs."
+        )
+    return lines
+
+
 def report(
     codecs: list[dict[str, Any]], thr: list[dict[str, Any]], best: dict[str, Any],
     args: argparse.Namespace, secs: float, others: dict[str, dict[str, Any]] | None = None,
+    all_runs: list[list[dict[str, Any]]] | None = None,
 ) -> str:  # fmt: skip
     lines = [
         "# Hot / warm / cold storage: codecs and throughput",
@@ -564,6 +615,8 @@ def report(
             f"{r['stats']['mass_fraction']['hot']:.3f}, RAM budget {r['budget']:.2f} of the "
             f"data): sample {r['sample_ratio']:.2f}, loop {r['loop_ratio']:.2f} of RAM."
         )
+    if all_runs is not None and len(all_runs) > 1:
+        lines += runs_summary(all_runs)
     for r in thr:
         if r.get("warm_cost"):
             lines += [
@@ -581,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=8192)
     p.add_argument("--iters", type=int, default=400)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--runs", type=int, default=1,
+        help="repeat the throughput measurement this many times: medians and ranges over them",
+    )  # fmt: skip
     p.add_argument("--hot", type=float, nargs="+", default=[0.05, 0.10, 0.20, 0.25])
     p.add_argument(
         "--big-hot", type=float, nargs="*", default=[0.90],
@@ -619,12 +676,17 @@ def main(argv: list[str] | None = None) -> int:
     td = np.load(TD_FILE).astype(np.float64)
     t0 = time.perf_counter()
     codecs = codec_rows(args.repeats, args.quick)
-    with tempfile.TemporaryDirectory(prefix="fastper-tiers-bench-") as tmp:
-        thr = throughput_rows(args, prio, td, tmp)
+    all_runs = []
+    for _ in range(max(1, args.runs)):
+        with tempfile.TemporaryDirectory(prefix="fastper-tiers-bench-") as tmp:
+            all_runs.append(throughput_rows(args, prio, td, tmp))
+    thr = all_runs[-1]
     others = {
         name: {**best_mass(p, ALPHA, 64), "n": p.shape[0]} for name, p in other_runs().items()
     }
-    text = report(codecs, thr, best_mass(prio, ALPHA, 64), args, time.perf_counter() - t0, others)
+    text = report(
+        codecs, thr, best_mass(prio, ALPHA, 64), args, time.perf_counter() - t0, others, all_runs
+    )
     print(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -44,16 +44,20 @@ batch just sampled (until it is installed, at the next storage call, the
 chunk is served from where it was), and the full hot chunks next in line for
 demotion (``pack_ahead`` of them, least mass first) are compressed ahead of
 time (their copies kept in ``warm_bytes``, or in their cold files when warm
-RAM is short), so a demotion costs nothing on the sampling path; the ring
-never writes a chunk while it is being packed (it waits). The thread pays off
+RAM is short), so a demotion costs nothing on the sampling path. Nothing is
+compressed on the sampling path: a rebalance swaps out only hot chunks that
+have a packed copy (the others it would swap out are packed in the
+background, ready for the next rebalance), and the ring, needing a hot slot,
+frees one with a copy among the chunks about as light as the lightest
+(within ``hysteresis``); the ring never writes a chunk while it is being
+packed (it waits). The thread pays off
 where its work runs outside the interpreter lock, in the compiled lz4 kernels:
 the default (``prefetch=None``) turns it on with them and off otherwise. On
 the 2-CPU machine of ``benchmarks/results/tiers.md`` the thread gave a faster
-training loop than inline moves in 42 of 50 paired configurations of five
-runs with the compiled kernels (37 of the 40 where most rows are warm), and a
-slower one in all 20 of two runs before them, when its work was Python (its
-share of the interpreter lock slowed the learner more than the work it took
-away). What a
+training loop than inline moves in 37 of 50 paired configurations of five
+runs with the compiled kernels, and a slower one in all 20 of two runs
+before them, when its work was Python (its share of the interpreter lock
+slowed the learner more than the work it took away). What a
 batch returns never depends on where a row is or on the thread: only the
 speed does. It does not guess the next batch's rows: those depend on the
 priorities the learner is about to write. Cold files stay open between
@@ -113,7 +117,7 @@ def _bytes_offset() -> int | None:
     checked against ctypes on probes; None where that does not hold."""
     off = bytes.__basicsize__ - 1  # PyBytesObject: the header, then the bytes
     probes = [b"", b"x", bytes(range(7)), bytes(1000)]
-    ok = all(ctypes.cast(p, ctypes.c_void_p).value == id(p) + off for p in probes)
+    ok = all(ctypes.cast(ctypes.c_char_p(p), ctypes.c_void_p).value == id(p) + off for p in probes)
     return off if ok else None
 
 
@@ -124,8 +128,8 @@ def _addresses(pieces: tuple[bytes, ...]) -> list[int]:
     """Addresses of the data of bytes objects (stable while they live: bytes never move)."""
     if _BYTES_OFFSET is not None:  # ~0.1 us a piece against ~1 us through ctypes
         return [id(p) + _BYTES_OFFSET for p in pieces]
-    cast, void = ctypes.cast, ctypes.c_void_p
-    return [cast(p, void).value or 0 for p in pieces]
+    cast, void, char = ctypes.cast, ctypes.c_void_p, ctypes.c_char_p
+    return [cast(char(p), void).value or 0 for p in pieces]  # c_char_p: no copy
 
 
 class _WarmPieces(dict[int, tuple[bytes, ...]]):
