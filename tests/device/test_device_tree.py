@@ -141,3 +141,23 @@ def test_bad_input_raises_and_changes_nothing() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     with pytest.raises(ValueError, match="positive total"):
         DeviceSumTree(5).find([0.0])
+
+
+def test_exact_pow_does_not_depend_on_the_batch() -> None:
+    # torch's CPU pow gives an element computed in a SIMD vector and one left
+    # over at the end of a run different last bits: a priority's mass must not
+    # depend on the batch it was written in (a buffer loaded from a checkpoint
+    # rebuilds every mass at once and must sample the same probabilities)
+    from fastper.device.index import exact_pow
+
+    torch.manual_seed(0)
+    p = torch.rand(70_000, dtype=torch.float64) * 10  # past one block (32768)
+    whole = exact_pow(p, 0.7)
+    # the same values as plain pow, to the last bit or one unit of it
+    assert torch.allclose(whole, p.pow(0.7), rtol=4e-16, atol=0.0)
+    for lo, n in [(0, 1), (3, 7), (0, 23), (5, 31), (40, 64), (32_760, 20), (65_000, 5000)]:
+        assert torch.equal(exact_pow(p[lo : lo + n], 0.7), whole[lo : lo + n]), (lo, n)
+    for i in (0, 17, 32_767, 32_768, 69_999):
+        assert torch.equal(exact_pow(p[i], 0.7), whole[i])  # 0-dim
+    two = exact_pow(p[:64].reshape(8, 8), 0.7)
+    assert torch.equal(two.reshape(-1), whole[:64])

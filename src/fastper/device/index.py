@@ -39,6 +39,32 @@ from ._torch import torch
 from .tree import DeviceSumTree, max_leaf
 
 NORMS = ("buffer", "batch", "none")
+#: elements per call of :func:`exact_pow` on the CPU: at most ATen's grain size
+#: (32768), so one thread runs it, and a multiple of every SIMD width
+_POW_BLOCK = 1 << 15
+
+
+def exact_pow(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``p ** alpha`` elementwise, each element's bits independent of its
+    position and of the tensor's length.
+
+    On the CPU, torch computes whole SIMD vectors with its vectorised ``pow``
+    and the elements left over at the end of a run (of the tensor, or of a
+    thread's share) with the scalar one, which can differ in the last bit: a
+    priority's mass would then depend on the batch it was written in, and a
+    buffer rebuilt from a checkpoint would not sample the exact probabilities
+    of the original. Here every element goes through the vector path: the
+    input is padded to a multiple of 64 and cut into single-thread blocks.
+    Other devices compute every element alike already. O(len(p)).
+    """
+    if p.device.type != "cpu":
+        return p.pow(alpha)
+    n = p.numel()
+    padded = torch.ones(-(-n // 64) * 64, dtype=p.dtype)
+    padded[:n] = p.reshape(-1)
+    for lo in range(0, padded.shape[0], _POW_BLOCK):
+        padded[lo : lo + _POW_BLOCK].pow_(alpha)
+    return padded[:n].reshape(p.shape)
 
 
 def priority_limit(max_value: float, alpha: float) -> float:
@@ -98,8 +124,9 @@ class TorchIndex:
         self.limit = priority_limit(self.max_value, self.alpha)
 
     def leaf(self, p: torch.Tensor) -> torch.Tensor:
-        """``p ** alpha``, 0 for p = 0 (0 ** 0 would be 1)."""
-        return torch.where(p > 0, p.pow(self.alpha), 0.0)
+        """``p ** alpha``, 0 for p = 0 (0 ** 0 would be 1): the same bits for a
+        priority whatever the batch it comes in (see :func:`exact_pow`)."""
+        return torch.where(p > 0, exact_pow(p, self.alpha), 0.0)
 
     @property
     def total(self) -> torch.Tensor:
