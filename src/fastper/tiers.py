@@ -173,9 +173,7 @@ class _WarmPieces(dict[int, tuple[bytes, ...]]):
         self._mark(c, pieces)
 
     def __delitem__(self, c: int) -> None:
-        pieces = super().pop(c)
-        self.nbytes -= sum(len(p) for p in pieces)
-        self._mark(c, None)
+        self.pop(c)  # KeyError if absent, as dict's
 
     def pop(self, c: int, *default: Any) -> Any:
         if c not in self:
