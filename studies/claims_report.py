@@ -1,0 +1,204 @@
+"""Verdicts on the seed design's claims (studies/claims.sh), from the runs.
+
+    python studies/claims_report.py [runs/claims] > docs/results/claims/verdicts.md
+
+For every claim with finished runs of both arms, the baseline arm (the
+paper's recipe) and the claimed arm are compared on the claim's primary
+metric, fixed here before any run finished:
+
+* ``final``: the greedy evaluations in the last 10% of the steps (``fastper
+  compare``'s final return);
+* ``early``: the mean of the evaluation curve over the first half of the run
+  ("sample efficiency early");
+* ``auc``: the mean of the evaluation curve over the whole run (secondary for
+  every claim).
+
+Gains are relative to the baseline arm's mean: (arm - base) / |base| (on
+Pendulum, whose returns are negative, a return 12% closer to 0 is +12%).
+Tests are two-sided Welch t (with its 95% interval on the difference of
+means) and Mann-Whitney U; the six primary p-values are also Holm-corrected.
+
+Verdict rule (primary metric):
+
+* **supported**: the arm is better and the Holm-corrected Welch p < 0.05;
+* **not supported**: the 95% interval's upper end lies below the claimed gain
+  (the claimed size is excluded; for claims that give no size, a gain of 10%
+  is taken as the smallest worth having);
+* **inconclusive**: anything else (the interval holds both no gain and the
+  claimed gain).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+
+from fastper.agents import analysis, stats
+
+SMALLEST_GAIN = 0.10  # for claims without a size
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    text: str
+    base: str  # arm directory of the baseline
+    arm: str  # arm directory of the claimed change
+    metric: str  # "final", "early" or "auc"
+    gain: float | None  # the claimed relative gain, None when the seed gives none
+
+
+CLAIMS = (
+    Claim("cosine_beta", "cosine annealing of beta beats linear by ~12% final return",
+          "linear", "cosine", "final", 0.12),
+    Claim("batch_norm", "IS weights normalised by the batch max give ~15% better sample "
+          "efficiency early", "buffer", "batch", "early", 0.15),
+    Claim("adaptive_alpha", "an adaptive alpha schedule (lower early, higher late) gains ~14%",
+          "constant", "adaptive", "final", 0.14),
+    Claim("hybrid", "rank-based early, proportional later, Gaussian noise on priorities late",
+          "proportional", "hybrid", "final", None),
+    Claim("grad_clip", "clip gradients at 0.5 x max IS weight", "norm10", "is_half", "final", None),
+    Claim("new_priority", "new priority = max TD error + 1e-5 (vs the max priority ever seen)",
+          "ever", "max_td", "final", None),
+)
+
+
+def scores(runs: list[analysis.Run], metric: str) -> np.ndarray:
+    """Per run (seed order), the metric from its greedy evaluations."""
+    grid = analysis.grid_for(runs)
+    if metric == "final":
+        return np.array([analysis.final_return(r, "eval") for r in runs])
+    if metric == "early":
+        grid = grid[grid <= grid[-1] / 2]
+    return np.array([np.nanmean(analysis.smoothed_curve(r, grid, 1, "eval")) for r in runs])
+
+
+def load_arm(path: Path) -> list[analysis.Run]:
+    runs = analysis.find_runs([path]) if path.is_dir() else []
+    return sorted(runs, key=lambda r: int(r.config.get("seed", 0)))
+
+
+@dataclass
+class Result:
+    claim: Claim
+    base: dict[str, np.ndarray]
+    arm: dict[str, np.ndarray]
+    seeds: tuple[list[int], list[int]]
+    env: str
+    steps: int
+    p_welch: float = float("nan")
+    p_holm: float = float("nan")
+    verdict: str = "inconclusive"
+
+
+def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """Two-sided Welch p-value and 95% interval of mean(a) - mean(b) (NaN below 2 runs each)."""
+    if a.size < 2 or b.size < 2:
+        return float("nan"), float("nan"), float("nan")
+    t = sps.ttest_ind(a, b, equal_var=False)
+    ci = t.confidence_interval(0.95)
+    return float(t.pvalue), float(ci.low), float(ci.high)
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN stays NaN, not counted)."""
+    idx = [i for i, x in enumerate(p) if np.isfinite(x)]
+    order = sorted(idx, key=lambda i: p[i])
+    out = [float("nan")] * len(p)
+    running = 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - k) * p[i]))
+        out[i] = running
+    return out
+
+
+def fmt_est(e: stats.Estimate) -> str:
+    if np.isfinite(e.low):
+        return f"{e.value:.4g} [{e.low:.4g}, {e.high:.4g}]"
+    return f"{e.value:.4g}"
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else "runs/claims")
+    backend = stats.stats_backend("auto")
+    results = []
+    for c in CLAIMS:
+        base, arm = load_arm(root / c.name / c.base), load_arm(root / c.name / c.arm)
+        if not base or not arm:
+            continue
+        r = Result(
+            c,
+            {m: scores(base, m) for m in ("final", "early", "auc")},
+            {m: scores(arm, m) for m in ("final", "early", "auc")},
+            ([int(x.config.get("seed", 0)) for x in base], [int(x.config.get("seed", 0)) for x in arm]),
+            str(base[0].meta.get("env_id", "?")),
+            base[0].total_steps,
+        )
+        r.p_welch = welch(r.arm[c.metric], r.base[c.metric])[0]
+        results.append(r)
+    if not results:
+        print(f"no claim with finished runs of both arms under {root}", file=sys.stderr)
+        return 1
+    for r, p in zip(results, holm([r.p_welch for r in results]), strict=True):
+        r.p_holm = p
+        a, b = r.arm[r.claim.metric], r.base[r.claim.metric]
+        _, lo, hi = welch(a, b)
+        need = (r.claim.gain if r.claim.gain is not None else SMALLEST_GAIN) * abs(b.mean())
+        if a.mean() > b.mean() and p < 0.05:
+            r.verdict = "supported"
+        elif np.isfinite(hi) and hi < need:
+            r.verdict = "not supported"
+    lines = [
+        f"Primary metric per claim as fixed in `studies/claims_report.py`; mean [95% t-CI], "
+        f"IQM [95% bootstrap CI] ({backend.note}); gain = (arm - base) / |base|; Welch and "
+        f"Mann-Whitney two-sided; Holm over the {len(results)} primary tests.",
+        "",
+        "| claim | env, steps | metric | base: mean [CI] | arm: mean [CI] | gain [95% CI] | "
+        "claimed | Welch p (Holm) | MWU p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        c = r.claim
+        a, b = r.arm[c.metric], r.base[c.metric]
+        _, lo, hi = welch(a, b)
+        mwu = sps.mannwhitneyu(a, b, alternative="two-sided").pvalue if min(a.size, b.size) else np.nan
+        scale = abs(b.mean()) or np.nan
+        gain = f"{(a.mean() - b.mean()) / scale:+.0%} [{lo / scale:+.0%}, {hi / scale:+.0%}]"
+        claimed = f"+{c.gain:.0%}" if c.gain is not None else f"none (>= +{SMALLEST_GAIN:.0%})"
+        lines.append(
+            f"| {c.name} | {r.env}, {r.steps:,} | {c.metric} | {c.base} "
+            f"{fmt_est(stats.t_interval(b))} | {c.arm} {fmt_est(stats.t_interval(a))} | {gain} | "
+            f"{claimed} | {r.p_welch:.3g} ({r.p_holm:.3g}) | {mwu:.3g} | **{r.verdict}** |"
+        )
+    for r in results:
+        c = r.claim
+        lines += ["", f"## {c.name}: \"{c.text}\"", "",
+                  f"{r.env}, {r.steps:,} steps; base `{c.base}` seeds {r.seeds[0]}, arm `{c.arm}` "
+                  f"seeds {r.seeds[1]}; primary metric `{c.metric}`.", "",
+                  "| metric | arm | per seed | mean [95% t-CI] | IQM [95% bootstrap CI] |",
+                  "|---|---|---|---|---|"]
+        for m in ("final", "early", "auc"):
+            for name, v in ((c.base, r.base[m]), (c.arm, r.arm[m])):
+                per = " ".join(f"{x:.4g}" for x in v)
+                lines.append(f"| {m} | {name} | {per} | {fmt_est(stats.t_interval(v))} | "
+                             f"{fmt_est(stats.iqm_ci(v, backend))} |")
+        lines += ["", "| metric | gain | Welch p | 95% CI of the difference | Mann-Whitney p |",
+                  "|---|---|---:|---|---:|"]
+        for m in ("final", "early", "auc"):
+            a, b = r.arm[m], r.base[m]
+            p, lo, hi = welch(a, b)
+            mwu = sps.mannwhitneyu(a, b, alternative="two-sided").pvalue
+            scale = abs(b.mean()) or np.nan
+            lines.append(f"| {m} | {(a.mean() - b.mean()) / scale:+.1%} | {p:.3g} | "
+                         f"[{lo:.4g}, {hi:.4g}] | {mwu:.3g} |")
+        lines += ["", f"Verdict: **{r.verdict}**."]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
