@@ -53,17 +53,47 @@ class Claim:
 
 
 CLAIMS = (
-    Claim("cosine_beta", "cosine annealing of beta beats linear by ~12% final return",
-          "linear", "cosine", "final", 0.12),
-    Claim("batch_norm", "IS weights normalised by the batch max give ~15% better sample "
-          "efficiency early", "buffer", "batch", "early", 0.15),
-    Claim("adaptive_alpha", "an adaptive alpha schedule (lower early, higher late) gains ~14%",
-          "constant", "adaptive", "final", 0.14),
-    Claim("hybrid", "rank-based early, proportional later, Gaussian noise on priorities late",
-          "proportional", "hybrid", "final", None),
+    Claim(
+        "cosine_beta",
+        "cosine annealing of beta beats linear by ~12% final return",
+        "linear",
+        "cosine",
+        "final",
+        0.12,
+    ),
+    Claim(
+        "batch_norm",
+        "IS weights normalised by the batch max give ~15% better sample efficiency early",
+        "buffer",
+        "batch",
+        "early",
+        0.15,
+    ),
+    Claim(
+        "adaptive_alpha",
+        "an adaptive alpha schedule (lower early, higher late) gains ~14%",
+        "constant",
+        "adaptive",
+        "final",
+        0.14,
+    ),
+    Claim(
+        "hybrid",
+        "rank-based early, proportional later, Gaussian noise on priorities late",
+        "proportional",
+        "hybrid",
+        "final",
+        None,
+    ),
     Claim("grad_clip", "clip gradients at 0.5 x max IS weight", "norm10", "is_half", "final", None),
-    Claim("new_priority", "new priority = max TD error + 1e-5 (vs the max priority ever seen)",
-          "ever", "max_td", "final", None),
+    Claim(
+        "new_priority",
+        "new priority = max TD error + 1e-5 (vs the max priority ever seen)",
+        "ever",
+        "max_td",
+        "final",
+        None,
+    ),
 )
 
 
@@ -134,7 +164,10 @@ def main(argv: list[str]) -> int:
             c,
             {m: scores(base, m) for m in ("final", "early", "auc")},
             {m: scores(arm, m) for m in ("final", "early", "auc")},
-            ([int(x.config.get("seed", 0)) for x in base], [int(x.config.get("seed", 0)) for x in arm]),
+            (
+                [int(x.config.get("seed", 0)) for x in base],
+                [int(x.config.get("seed", 0)) for x in arm],
+            ),
             str(base[0].meta.get("env_id", "?")),
             base[0].total_steps,
         )
@@ -165,7 +198,11 @@ def main(argv: list[str]) -> int:
         c = r.claim
         a, b = r.arm[c.metric], r.base[c.metric]
         _, lo, hi = welch(a, b)
-        mwu = sps.mannwhitneyu(a, b, alternative="two-sided").pvalue if min(a.size, b.size) else np.nan
+        mwu = (
+            sps.mannwhitneyu(a, b, alternative="two-sided").pvalue
+            if min(a.size, b.size)
+            else np.nan
+        )
         scale = abs(b.mean()) or np.nan
         gain = f"{(a.mean() - b.mean()) / scale:+.0%} [{lo / scale:+.0%}, {hi / scale:+.0%}]"
         claimed = f"+{c.gain:.0%}" if c.gain is not None else f"none (>= +{SMALLEST_GAIN:.0%})"
@@ -176,25 +213,37 @@ def main(argv: list[str]) -> int:
         )
     for r in results:
         c = r.claim
-        lines += ["", f"## {c.name}: \"{c.text}\"", "",
-                  f"{r.env}, {r.steps:,} steps; base `{c.base}` seeds {r.seeds[0]}, arm `{c.arm}` "
-                  f"seeds {r.seeds[1]}; primary metric `{c.metric}`.", "",
-                  "| metric | arm | per seed | mean [95% t-CI] | IQM [95% bootstrap CI] |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f'## {c.name}: "{c.text}"',
+            "",
+            f"{r.env}, {r.steps:,} steps; base `{c.base}` seeds {r.seeds[0]}, arm `{c.arm}` "
+            f"seeds {r.seeds[1]}; primary metric `{c.metric}`.",
+            "",
+            "| metric | arm | per seed | mean [95% t-CI] | IQM [95% bootstrap CI] |",
+            "|---|---|---|---|---|",
+        ]
         for m in ("final", "early", "auc"):
             for name, v in ((c.base, r.base[m]), (c.arm, r.arm[m])):
                 per = " ".join(f"{x:.4g}" for x in v)
-                lines.append(f"| {m} | {name} | {per} | {fmt_est(stats.t_interval(v))} | "
-                             f"{fmt_est(stats.iqm_ci(v, backend))} |")
-        lines += ["", "| metric | gain | Welch p | 95% CI of the difference | Mann-Whitney p |",
-                  "|---|---|---:|---|---:|"]
+                lines.append(
+                    f"| {m} | {name} | {per} | {fmt_est(stats.t_interval(v))} | "
+                    f"{fmt_est(stats.iqm_ci(v, backend))} |"
+                )
+        lines += [
+            "",
+            "| metric | gain | Welch p | 95% CI of the difference | Mann-Whitney p |",
+            "|---|---|---:|---|---:|",
+        ]
         for m in ("final", "early", "auc"):
             a, b = r.arm[m], r.base[m]
             p, lo, hi = welch(a, b)
             mwu = sps.mannwhitneyu(a, b, alternative="two-sided").pvalue
             scale = abs(b.mean()) or np.nan
-            lines.append(f"| {m} | {(a.mean() - b.mean()) / scale:+.1%} | {p:.3g} | "
-                         f"[{lo:.4g}, {hi:.4g}] | {mwu:.3g} |")
+            lines.append(
+                f"| {m} | {(a.mean() - b.mean()) / scale:+.1%} | {p:.3g} | "
+                f"[{lo:.4g}, {hi:.4g}] | {mwu:.3g} |"
+            )
         lines += ["", f"Verdict: **{r.verdict}**."]
     print("\n".join(lines))
     return 0
