@@ -146,6 +146,21 @@ def holm(p: list[float]) -> list[float]:
     return out
 
 
+def verdict(arm: np.ndarray, base: np.ndarray, gain: float | None, p_holm: float) -> str:
+    """The verdict rule of the module docstring on one claim's primary metric.
+
+    ``gain`` is the claimed relative gain (None: ``SMALLEST_GAIN``); ``p_holm`` the
+    claim's Holm-corrected Welch p-value.
+    """
+    _, _, hi = welch(arm, base)
+    need = (gain if gain is not None else SMALLEST_GAIN) * abs(base.mean())
+    if arm.mean() > base.mean() and p_holm < 0.05:
+        return "supported"
+    if np.isfinite(hi) and hi < need:
+        return "not supported"
+    return "inconclusive"
+
+
 def fmt_est(e: stats.Estimate) -> str:
     if np.isfinite(e.low):
         return f"{e.value:.4g} [{e.low:.4g}, {e.high:.4g}]"
@@ -178,13 +193,7 @@ def main(argv: list[str]) -> int:
         return 1
     for r, p in zip(results, holm([r.p_welch for r in results]), strict=True):
         r.p_holm = p
-        a, b = r.arm[r.claim.metric], r.base[r.claim.metric]
-        _, lo, hi = welch(a, b)
-        need = (r.claim.gain if r.claim.gain is not None else SMALLEST_GAIN) * abs(b.mean())
-        if a.mean() > b.mean() and p < 0.05:
-            r.verdict = "supported"
-        elif np.isfinite(hi) and hi < need:
-            r.verdict = "not supported"
+        r.verdict = verdict(r.arm[r.claim.metric], r.base[r.claim.metric], r.claim.gain, p)
     lines = [
         f"Primary metric per claim as fixed in `studies/claims_report.py`; mean [95% t-CI], "
         f"IQM [95% bootstrap CI] ({backend.note}); gain = (arm - base) / |base|; Welch and "

@@ -6,7 +6,9 @@
 #
 # Resumable: every run checkpoints itself every 10,000 steps; run the same
 # command again and it continues where it stopped (finished runs are skipped),
-# bit for bit. Two worker processes, one torch thread each (both cores).
+# bit for bit. Two worker processes, one torch thread each (both cores);
+# WORKERS sets another count. OUT (default runs/minatar) may lie outside the
+# work tree, so that a fresh checkout can resume the same runs.
 #
 # Hyperparameters follow MinAtar's DQN (Young & Tian, 2019) where the budget
 # allows: replay 100k, batch 32, lr 2.5e-4 (Adam here, RMSProp there), one
@@ -21,13 +23,14 @@ cd "$(dirname "$0")/.."
 STEPS="${STEPS:-100000}"
 OUT="${OUT:-runs/minatar}"
 FASTPER="${FASTPER:-.venv/bin/fastper}"
+WORKERS="${WORKERS:-2}"
 GAMES=("$@")
 if [ ${#GAMES[@]} -eq 0 ]; then
   GAMES=(Breakout Asterix SpaceInvaders Freeway Seaquest)
 fi
 for game in "${GAMES[@]}"; do
   args=(train dqn --env "MinAtar/${game}-v0" --replay uniform per rank --seeds 5
-        --steps "$STEPS" --workers 2 --threads 1 --out "$OUT/$game"
+        --steps "$STEPS" --workers "$WORKERS" --threads 1 --out "$OUT/$game"
         --set buffer_size=100000 --set batch_size=32 --set lr=2.5e-4
         --set learning_starts=5000 --set train_freq=1 --set target_update=1000
         --set tau=1 --set eps_end=0.1 --set eps_fraction="$(python3 -c "print(min(1.0, 100000 / $STEPS))")"
