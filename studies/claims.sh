@@ -3,6 +3,7 @@
 # claim, the same seeds, everything else equal.
 #
 #   bash studies/claims.sh [CLAIM ...]     # default: all six, one after another
+#   OUT=runs/claims2 SEED_OFFSET=5 bash studies/claims.sh   # stage 2: seeds 5-9
 #
 # CLAIM is one of: cosine_beta batch_norm adaptive_alpha hybrid grad_clip
 # new_priority. Runs go to runs/claims/<claim>/<arm>/ (OUT overrides
@@ -18,7 +19,7 @@
 # 5-13 min per run, two at a time), 5 seeds x 2 arms = 10 runs, about 0.5-1.2 h
 # per claim; SAC on Pendulum-v1, 15,000 steps (the Pendulum study's budget,
 # docs/results/pendulum_sac: 4-15 min per run), 10 runs, about 0.4-1.3 h.
-# SEEDS (default 5) and STEPS_DQN / STEPS_SAC change them for every claim;
+# SEEDS (default 5), SEED_OFFSET (the first seed, default 0) and STEPS_DQN / STEPS_SAC change them for every claim;
 # WORKERS (default 2) sets the processes per arm: two claims can run side by
 # side with WORKERS=1 each, so no core idles while an arm's last seed runs.
 #
@@ -35,6 +36,7 @@ SEEDS="${SEEDS:-5}"
 STEPS_DQN="${STEPS_DQN:-50000}"
 STEPS_SAC="${STEPS_SAC:-15000}"
 WORKERS="${WORKERS:-2}"
+SEED_OFFSET="${SEED_OFFSET:-0}"
 
 # arm DIR ALGO ENV REPLAY STEPS [--set NAME=VALUE ...]: the runs of one arm,
 # --resume once any of its runs has a checkpoint (a fresh start otherwise).
@@ -42,7 +44,7 @@ arm() {
   local dir="$1" algo="$2" env="$3" replay="$4" steps="$5"
   shift 5
   local args=(train "$algo" --env "$env" --replay "$replay" --seeds "$SEEDS"
-              --steps "$steps" --workers "$WORKERS" --threads 1 --out "$dir" "$@")
+              --seed-offset "$SEED_OFFSET" --steps "$steps" --workers "$WORKERS" --threads 1 --out "$dir" "$@")
   if [ -n "$(find "$dir" -maxdepth 4 -path '*/checkpoints/step-*' -print -quit 2>/dev/null)" ]; then
     "$FASTPER" "${args[@]}" --resume
   else
