@@ -1,6 +1,9 @@
 """Verdicts on the seed design's claims (studies/claims.sh), from the runs.
 
-    python studies/claims_report.py [runs/claims] > docs/results/claims/verdicts.md
+    python studies/claims_report.py [ROOT] [--stage 1|2] [--seeds LO-HI] > verdicts.md
+
+ROOT (default runs/claims) holds ``<claim>/<arm>/<run>/seed-<k>/``; ``--seeds``
+keeps the runs whose seed lies in LO..HI (default: every seed found).
 
 For every claim with finished runs of both arms, the baseline arm (the
 paper's recipe) and the claimed arm are compared on the claim's primary
@@ -26,10 +29,18 @@ Verdict rule (primary metric):
   is taken as the smallest worth having);
 * **inconclusive**: anything else (the interval holds both no gain and the
   claimed gain).
+
+Stage 2 (``--stage 2``, docs/results/claims/README.md), fixed after stage 1
+was seen and before any of its runs: the four CartPole claims that stage 1
+judged on final return, which sits at CartPole's ceiling of 500, are judged
+on ``auc``; the other two keep their metric. Each table also says whether the
+claimed gain fits under the environment's highest return (``CEILING``): where
+it does not, "not supported" is forced by the ceiling and says nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +51,13 @@ from scipy import stats as sps
 from fastper.agents import analysis, stats
 
 SMALLEST_GAIN = 0.10  # for claims without a size
+CEILING = {"CartPole-v1": 500.0, "Pendulum-v1": 0.0}  # the highest return an episode can have
+STAGE2_METRIC = {
+    "adaptive_alpha": "auc",
+    "hybrid": "auc",
+    "grad_clip": "auc",
+    "new_priority": "auc",
+}
 
 
 @dataclass(frozen=True)
@@ -107,9 +125,34 @@ def scores(runs: list[analysis.Run], metric: str) -> np.ndarray:
     return np.array([np.nanmean(analysis.smoothed_curve(r, grid, 1, "eval")) for r in runs])
 
 
-def load_arm(path: Path) -> list[analysis.Run]:
+def primary(claim: Claim, stage: int) -> str:
+    """The claim's primary metric in stage 1 or 2."""
+    return STAGE2_METRIC.get(claim.name, claim.metric) if stage == 2 else claim.metric
+
+
+def load_arm(path: Path, seeds: tuple[int, int] | None = None) -> list[analysis.Run]:
+    """The finished runs under ``path`` in seed order, only seeds in ``seeds`` (inclusive) if given."""
     runs = analysis.find_runs([path]) if path.is_dir() else []
+    if seeds is not None:
+        runs = [r for r in runs if seeds[0] <= int(r.config.get("seed", 0)) <= seeds[1]]
     return sorted(runs, key=lambda r: int(r.config.get("seed", 0)))
+
+
+def attainable(base: np.ndarray, gain: float | None, env: str) -> bool:
+    """Whether base mean + the claimed gain stays within the environment's highest return."""
+    need = (gain if gain is not None else SMALLEST_GAIN) * abs(base.mean())
+    return bool(base.mean() + need <= CEILING.get(env, np.inf))
+
+
+def parse_seeds(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        pair = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds must be LO-HI or K, got {text!r}") from None
+    if pair[0] > pair[1]:
+        raise argparse.ArgumentTypeError(f"--seeds must have LO <= HI, got {text!r}")
+    return pair
 
 
 @dataclass
@@ -168,11 +211,18 @@ def fmt_est(e: stats.Estimate) -> str:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[0] if argv else "runs/claims")
+    parser = argparse.ArgumentParser(prog="claims_report.py", description=__doc__.split("\n")[0])
+    parser.add_argument("root", nargs="?", default="runs/claims", type=Path)
+    parser.add_argument("--stage", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--seeds", type=parse_seeds, default=None, help="LO-HI (inclusive)")
+    args = parser.parse_args(argv)
+    root, stage = args.root, args.stage
     backend = stats.stats_backend("auto")
     results = []
-    for c in CLAIMS:
-        base, arm = load_arm(root / c.name / c.base), load_arm(root / c.name / c.arm)
+    for c0 in CLAIMS:
+        c = Claim(c0.name, c0.text, c0.base, c0.arm, primary(c0, stage), c0.gain)
+        base = load_arm(root / c.name / c.base, args.seeds)
+        arm = load_arm(root / c.name / c.arm, args.seeds)
         if not base or not arm:
             continue
         r = Result(
@@ -194,14 +244,17 @@ def main(argv: list[str]) -> int:
     for r, p in zip(results, holm([r.p_welch for r in results]), strict=True):
         r.p_holm = p
         r.verdict = verdict(r.arm[r.claim.metric], r.base[r.claim.metric], r.claim.gain, p)
+    seeds = "every seed found" if args.seeds is None else f"seeds {args.seeds[0]}-{args.seeds[1]}"
     lines = [
-        f"Primary metric per claim as fixed in `studies/claims_report.py`; mean [95% t-CI], "
-        f"IQM [95% bootstrap CI] ({backend.note}); gain = (arm - base) / |base|; Welch and "
-        f"Mann-Whitney two-sided; Holm over the {len(results)} primary tests.",
+        f"Stage {stage}, {seeds}. Primary metric per claim as fixed in "
+        f"`studies/claims_report.py`; mean [95% t-CI], IQM [95% bootstrap CI] ({backend.note}); "
+        f"gain = (arm - base) / |base|; Welch and Mann-Whitney two-sided; Holm over the "
+        f"{len(results)} primary tests; 'fits' = whether base + the claimed gain stays within "
+        f"the environment's highest return (where not, 'not supported' is forced by the ceiling).",
         "",
         "| claim | env, steps | metric | base: mean [CI] | arm: mean [CI] | gain [95% CI] | "
-        "claimed | Welch p (Holm) | MWU p | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "claimed | fits | Welch p (Holm) | MWU p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.claim
@@ -218,7 +271,8 @@ def main(argv: list[str]) -> int:
         lines.append(
             f"| {c.name} | {r.env}, {r.steps:,} | {c.metric} | {c.base} "
             f"{fmt_est(stats.t_interval(b))} | {c.arm} {fmt_est(stats.t_interval(a))} | {gain} | "
-            f"{claimed} | {r.p_welch:.3g} ({r.p_holm:.3g}) | {mwu:.3g} | **{r.verdict}** |"
+            f"{claimed} | {'yes' if attainable(b, c.gain, r.env) else 'no'} | "
+            f"{r.p_welch:.3g} ({r.p_holm:.3g}) | {mwu:.3g} | **{r.verdict}** |"
         )
     for r in results:
         c = r.claim

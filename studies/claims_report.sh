@@ -5,9 +5,11 @@
 # (`fastper compare` of the two arms: IQM with stratified bootstrap intervals,
 # t-intervals, AUC) and curve_<claim>.png (evaluation returns); then
 # verdicts.md (studies/claims_report.py: the primary metric per claim, Welch
-# and Mann-Whitney tests, Holm over the claims, the verdict).
+# and Mann-Whitney tests, Holm over the claims, the verdict), and once stage 2's
+# seeds are there verdicts_stage2.md (seeds 0-9) and verdicts_stage2_fresh.md (5-9).
 #
 #   bash studies/claims_report.sh [CLAIM ...]   # default: every claim under runs/claims
+#   OUT=runs/claims2 bash studies/claims_report.sh   # stage 2's runs (seeds 5-9) join them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${OUT:-runs/claims}"
@@ -33,4 +35,10 @@ for claim in "${CLAIMS[@]}"; do
   "$FASTPER" compare "$dest" --returns eval > "$DOCS/compare_${claim}.md"
   "$FASTPER" plot "$dest" --returns eval -o "$DOCS/curve_${claim}.png" --title "claim: $claim"
 done
-"$PYTHON" studies/claims_report.py "$DOCS/runs" > "$DOCS/verdicts.md"
+# stage 1: seeds 0-4, the design's metrics; stage 2: seeds 0-9 pooled and 5-9 alone,
+# AUC where stage 1's final return sat at CartPole's ceiling (docs/results/claims/README.md)
+"$PYTHON" studies/claims_report.py "$DOCS/runs" --stage 1 --seeds 0-4 > "$DOCS/verdicts.md"
+if [ -n "$(find "$DOCS/runs" -maxdepth 5 -type d -name 'seed-[5-9]' -print -quit)" ]; then
+  "$PYTHON" studies/claims_report.py "$DOCS/runs" --stage 2 --seeds 0-9 > "$DOCS/verdicts_stage2.md"
+  "$PYTHON" studies/claims_report.py "$DOCS/runs" --stage 2 --seeds 5-9 > "$DOCS/verdicts_stage2_fresh.md"
+fi

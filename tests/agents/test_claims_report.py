@@ -107,3 +107,33 @@ def test_report_from_runs(tmp_path, capsys) -> None:
 def test_report_without_runs_says_so(tmp_path, capsys) -> None:
     assert report.main([str(tmp_path)]) == 1
     assert "no claim with finished runs" in capsys.readouterr().err
+
+
+def test_stage_two_metric_seed_filter_and_ceiling(tmp_path, capsys) -> None:
+    # grad_clip: stage 1 judges final return, stage 2 the AUC; seeds 0-4 and 5-9 differ
+    root = tmp_path / "claims"
+    for arm, final in (("norm10", 500.0), ("is_half", 500.0)):
+        for s in range(10):
+            early = 100.0 + s + (50.0 if arm == "is_half" and s >= 5 else 0.0)
+            evals = [(500, [early]), (1000, [final])]
+            write_run(root / "grad_clip" / arm, "per", s, [(1000, 1.0)], evals)
+    assert report.main([str(root), "--stage", "1", "--seeds", "0-4"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| grad_clip |"))
+    # both arms at 500: +10% does not fit under CartPole's 500, and the table says so
+    assert "| final |" in row and "| no |" in row and "**not supported**" in row
+    assert report.main([str(root), "--stage", "2", "--seeds", "5-9"]) == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("| grad_clip |"))
+    assert out.startswith("Stage 2, seeds 5-9.")
+    assert "| auc |" in row and "| yes |" in row and "**supported**" in row
+    assert "seeds [5, 6, 7, 8, 9]" in out
+    with pytest.raises(SystemExit):
+        report.main([str(root), "--seeds", "9-5"])
+    assert "LO <= HI" in capsys.readouterr().err
+
+
+def test_attainable() -> None:
+    assert report.attainable(np.array([400.0]), 0.2, "CartPole-v1")
+    assert not report.attainable(np.array([460.0]), None, "CartPole-v1")
+    assert report.attainable(np.array([-150.0]), 0.12, "Pendulum-v1")
+    assert report.attainable(np.array([1e9]), 0.5, "Unknown-v0")
