@@ -101,14 +101,20 @@ grad_clip() {
 }
 
 # "new priority = max TD error + 1e-5" vs the paper's max priority ever seen.
-# Both arms p = |td| + 1e-5, so only the new transitions' priority differs:
-# the largest ever recorded vs the largest held now (max |td| + 1e-5).
+# All arms p = |td| + 1e-5, so only the new transitions' priority differs:
+# the largest ever recorded vs the largest held now (max_td: stage 1 only; it
+# trained bit for bit as ever does, since new transitions pass the top priority
+# on) vs the largest of the latest learning batch (last_td: the claim's arm).
 new_priority() {
   local d="$OUT/new_priority"
   arm "$d/ever" dqn CartPole-v1 per "$STEPS_DQN" "${DQN_EVAL[@]}" \
     --set priority_eps=1e-5 --set new_priority=ever
-  arm "$d/max_td" dqn CartPole-v1 per "$STEPS_DQN" "${DQN_EVAL[@]}" \
-    --set priority_eps=1e-5 --set new_priority=max_td
+  if [ "$SEED_OFFSET" -eq 0 ]; then
+    arm "$d/max_td" dqn CartPole-v1 per "$STEPS_DQN" "${DQN_EVAL[@]}" \
+      --set priority_eps=1e-5 --set new_priority=max_td
+  fi
+  arm "$d/last_td" dqn CartPole-v1 per "$STEPS_DQN" "${DQN_EVAL[@]}" \
+    --set priority_eps=1e-5 --set new_priority=last_td
 }
 
 CLAIMS=("$@")

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.5.3"
+__version__ = "0.5.4"
 
 from . import disk, schedules
 from .buffer_state import from_state_dict, load, read_metadata

@@ -131,6 +131,7 @@ class StateMixin(BufferCore):
     _noise_schedule: Callable[[int], float]
     _step: int
     _max_seen: float
+    _last_max: float
     _stale_updates: int
     _rng: np.random.Generator
     _current_max: PriorityMax | None
@@ -246,6 +247,7 @@ class StateMixin(BufferCore):
                     "alpha": None if pending["alpha"] is None else _sched.to_dict(pending["alpha"]),
                 },
                 "max_priority_ever": self._max_seen,
+                "max_priority_last": self._last_max,
                 "stale_updates": self._stale_updates,
                 "step": self._step,
                 "rng": self._rng.bit_generator.state,
@@ -317,7 +319,7 @@ class StateMixin(BufferCore):
         for name in (
             "_writer", "_sampler", "_scheme", "_scheme_options", "_pending_switch", "_nstep",
             "_alpha_schedule", "_beta_schedule", "_noise_schedule", "_step", "_max_seen",
-            "_stale_updates", "_rng", "_current_max", "_frames", "_zeroed_to",
+            "_last_max", "_stale_updates", "_rng", "_current_max", "_frames", "_zeroed_to",
         ):  # fmt: skip
             setattr(self, name, getattr(other, name))
         self._storage = storage
@@ -339,7 +341,10 @@ class StateMixin(BufferCore):
             raise ValueError("the frame state does not match the frame_stack settings")
         buf = state["buffer"]
         sch = state["schedules"]
-        _exact_keys("buffer", buf, _BUFFER_KEYS)
+        # files written before the "last" policy existed have no max_priority_last
+        _exact_keys(
+            "buffer", buf, _BUFFER_KEYS + (_LAST_KEY,) if _LAST_KEY in buf else _BUFFER_KEYS
+        )
         _exact_keys("schedules", sch, ("alpha", "beta", "priority_noise"))
         _exact_keys("writer", state["writer"], ("size", "cursor", "total_added", "key_base"))
         alpha_s = _restore_schedule(sch["alpha"], alpha, "alpha")
@@ -350,6 +355,9 @@ class StateMixin(BufferCore):
         n = writer.size
         step = check_int("step", buf["step"], minimum=0)
         max_seen = check_real("max_priority_ever", buf["max_priority_ever"], minimum=1.0)
+        last_max = check_real(_LAST_KEY, buf.get(_LAST_KEY, 1.0), minimum=0.0, strict_min=True)
+        if last_max > max_seen:
+            raise ValueError(f"{_LAST_KEY}={last_max!r} is above max_priority_ever={max_seen!r}")
         stale = check_int("stale_updates", buf["stale_updates"], minimum=0)
         scheme = buf["scheme"]
         if scheme not in ((self.kind,) if self.kind == "uniform" else SCHEMES):
@@ -403,6 +411,7 @@ class StateMixin(BufferCore):
         self._writer = writer
         self._alpha_schedule, self._beta_schedule, self._noise_schedule = alpha_s, beta_s, noise_s
         self._step, self._max_seen, self._stale_updates = step, max_seen, stale
+        self._last_max = last_max
         self._rng = rng
         if self._max_policy == "current":
             self._current_max = PriorityMax(self._sampler.raw_leaves)
@@ -468,6 +477,7 @@ _BUFFER_KEYS = (
     "scheme", "scheme_options", "pending_switch", "max_priority_ever", "stale_updates", "step",
     "rng",
 )  # fmt: skip
+_LAST_KEY = "max_priority_last"  # optional: absent from files of versions before 0.5.4
 
 
 def _exact_keys(name: str, part: Any, keys: tuple[str, ...]) -> None:

@@ -18,7 +18,9 @@ Decisions (see the README for the reasoning):
 * Priorities: ``p_i = min(|td_i|, clip) + eps``. New transitions get the
   priority of the ``max_priority`` policy: ``"ever"`` (default, the paper) the
   largest ever recorded (1.0 at first, never decreasing), ``"current"`` the
-  largest held now, or a fixed number; never above ``clip + eps``.
+  largest held now, ``"last"`` the largest written by the latest
+  ``update_priorities`` (1.0 before the first), or a fixed number; never
+  above ``clip + eps``.
 * Sampling is with replacement and stratified by default (the mass is cut into
   ``batch_size`` equal slices, one draw in each); ``stratified=False`` draws
   independently. Batches come back in random order (``shuffle=False``: in
@@ -121,7 +123,7 @@ class _Buffer(StateMixin):
             }
         stored, alpha0 = self._configure(
             capacity, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
-            max_priority=max_priority, policies=("ever", "current"), stratified=stratified,
+            max_priority=max_priority, policies=("ever", "current", "last"), stratified=stratified,
             shuffle=shuffle, weight_norm=weight_norm, norms=tuple(NORM_CODES),
             alpha_every=alpha_every, priority_noise=priority_noise, n_step=n_step, gamma=gamma,
             n_envs=n_envs, autoreset=autoreset, nstep_keys=nstep_keys, seed=seed,
@@ -134,6 +136,7 @@ class _Buffer(StateMixin):
         self._sampler = self._build_sampler(self.kind, alpha0, self._scheme_options, None)
         self._pending_switch: dict[str, Any] | None = None
         self._max_seen = 1.0  # largest priority ever recorded ("ever" policy)
+        self._last_max = 1.0  # largest priority of the latest update ("last" policy)
         self._current_max = (
             PriorityMax(self._sampler.raw_leaves) if self._max_policy == "current" else None
         )
@@ -382,6 +385,8 @@ class _Buffer(StateMixin):
             assert self._current_max is not None
             held = self._current_max.max if len(self) else 0.0
             p = held if held > 0.0 else 1.0
+        elif policy == "last":
+            p = self._last_max
         else:
             p = float(policy)
         return min(p, self._priority_cap())
@@ -722,6 +727,7 @@ class _Buffer(StateMixin):
         kept = int(status[2])
         if kept:
             self._max_seen = max(self._max_seen, pmax)
+            self._last_max = pmax
             if self._current_max is not None:
                 self._current_max.fix(idx)
         self._stale_updates += int(status[3]) + invalid
@@ -924,8 +930,11 @@ class PrioritizedReplayBuffer(_Buffer):
         max_priority: priority of new transitions: ``"ever"`` (default, the
             paper: the largest ever recorded, 1.0 at first; O(1)),
             ``"current"`` (the largest held now: a max tree over the
-            priorities, O(log N) more per write, about 1.2 bytes per slot), or
-            a fixed number. Never above ``clip + eps``.
+            priorities, O(log N) more per write, about 1.2 bytes per slot),
+            ``"last"`` (the largest priority written by the latest
+            :meth:`update_priorities` that kept any, 1.0 before the first;
+            O(1): it can fall as well as rise), or a fixed number. Never above
+            ``clip + eps``.
         stratified: stratified (default) or independent draws.
         shuffle: batches in random order (default) or in slice order.
         weight_norm: ``"buffer"`` (default), ``"batch"`` or ``"none"``. Only

@@ -239,6 +239,19 @@ def test_new_priority_max_td_is_the_largest_held_td_plus_eps(envs: Any) -> None:
     assert ever.priorities([5])[0] == pytest.approx(2.0 + 1e-5, abs=1e-12)  # the paper's
 
 
+def test_new_priority_last_td_is_the_latest_batch_max_plus_eps(envs: Any) -> None:
+    last = _common.agent_replay(cfg(priority_eps=1e-5, new_priority="last_td"), envs)
+    held = _common.agent_replay(cfg(priority_eps=1e-5, new_priority="max_td"), envs)
+    assert last.state_dict()["settings"]["max_priority"] == "last"
+    for buf in (last, held):
+        fill(buf, 4)
+        buf.update_priorities(np.arange(4), [0.3, 2.0, 0.1, 0.7])
+        buf.update_priorities([2], [0.05])  # the latest batch: its max, not the held 2.0
+        fill(buf, 1)
+    assert last.priorities([4])[0] == pytest.approx(0.05 + 1e-5, abs=1e-12)
+    assert held.priorities([4])[0] == pytest.approx(2.0 + 1e-5, abs=1e-12)
+
+
 def linear_q_step(weights: list[float], grad_clip_is: float, max_grad_norm: float) -> Any:
     """One td_step of a linear Q-network with SGD(lr=1): returns (change, gradient by hand)."""
     torch.manual_seed(0)
@@ -336,7 +349,7 @@ def test_set_reads_every_new_field() -> None:
     [
         ({"beta_schedule": "exp"}, r"`beta_schedule` must be one of \['linear', 'cosine'\]"),
         ({"weight_norm": "none"}, r"`weight_norm` must be one of \['buffer', 'batch'\]"),
-        ({"new_priority": "max"}, r"`new_priority` must be one of \['ever', 'max_td'\]"),
+        ({"new_priority": "max"}, r"`new_priority` must be one of \['ever', 'max_td', 'last_td'\]"),
         ({"alpha_end": -0.1}, r"`alpha_end` must be None or a number >= 0, got alpha_end=-0.1"),
         ({"grad_clip_is": -1.0}, r"`grad_clip_is` must be a number >= 0 \(0: off\)"),
         ({"grad_clip_is": math.nan}, r"`grad_clip_is` must be a number >= 0"),

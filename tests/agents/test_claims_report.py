@@ -132,6 +132,25 @@ def test_stage_two_metric_seed_filter_and_ceiling(tmp_path, capsys) -> None:
     assert "LO <= HI" in capsys.readouterr().err
 
 
+def test_stage_two_judges_new_priority_on_the_last_td_arm(tmp_path, capsys) -> None:
+    root = tmp_path / "claims"
+    for arm, level in (("ever", 100.0), ("max_td", 100.0), ("last_td", 300.0)):
+        for s in range(5):
+            write_run(
+                root / "new_priority" / arm,
+                "per",
+                s,
+                [(1000, 1.0)],
+                [(st, [level + s]) for st in (500, 1000)],
+            )
+    assert report.main([str(root), "--stage", "1"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| new_priority"))
+    assert "max_td 102" in row and "**supported**" not in row
+    assert report.main([str(root), "--stage", "2"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| new_priority"))
+    assert "last_td 302" in row and "**supported**" in row
+
+
 def test_attainable() -> None:
     assert report.attainable(np.array([400.0]), 0.2, "CartPole-v1")
     assert not report.attainable(np.array([460.0]), None, "CartPole-v1")

@@ -76,8 +76,47 @@ def test_current_max_follows_what_the_buffer_holds():
     assert buf.max_priority == 1.0
 
 
+def test_last_max_is_the_largest_of_the_latest_update():
+    buf = fastper.PrioritizedReplayBuffer(
+        6, FIELDS, eps=1e-6, clip=50.0, max_priority="last", seed=0
+    )
+    assert buf.max_priority == 1.0  # before any update: the paper's starting value
+    buf.add(_data(4), priorities=[0.5, 9.0, 0.25, 2.0])  # given priorities are no update
+    assert buf.max_priority == 1.0
+    assert buf.priorities(buf.add(_data(1))).tolist() == [1.0]
+    buf.update_priorities([0, 1], [3.0, 0.2], keys=buf.keys([0, 1]))
+    assert buf.max_priority == pytest.approx(3.0 + 1e-6)
+    buf.update_priorities([0], [0.1], keys=buf.keys([0]))  # falls: 9.0 held, 3.0 ever
+    assert buf.max_priority == pytest.approx(0.1 + 1e-6)
+    assert buf.max_priority_ever == pytest.approx(9.0)
+    assert buf.priorities(buf.add(_data(1))).tolist() == [pytest.approx(0.1 + 1e-6)]
+    buf.update_priorities([1], [1e6], keys=buf.keys([1]))  # clipped like every priority
+    assert buf.max_priority == pytest.approx(50.0 + 1e-6)
+    stale = buf.keys([2])
+    buf.add(_data(3))  # overwrites slots 0-2 (ring): the update below is dropped whole
+    assert buf.update_priorities([2], [7.0], keys=stale) == 0
+    assert buf.max_priority == pytest.approx(50.0 + 1e-6)  # a dropped update changes nothing
+
+
+def test_last_max_survives_a_checkpoint_and_old_files_load(tmp_path):
+    buf = fastper.PrioritizedReplayBuffer(8, FIELDS, max_priority="last", seed=0)
+    buf.add(_data(8))
+    buf.update_priorities([3], [0.25], keys=buf.keys([3]))
+    buf.save(tmp_path / "b.fpk")
+    back = fastper.load(tmp_path / "b.fpk")
+    assert back.max_priority == buf.max_priority == pytest.approx(0.25 + 1e-6)
+    state = buf.state_dict()
+    del state["buffer"]["max_priority_last"]  # as written before the "last" policy existed
+    old = fastper.PrioritizedReplayBuffer(8, FIELDS, max_priority="last", seed=0)
+    old.load_state_dict(state)
+    assert old.max_priority == 1.0
+    state["buffer"]["max_priority_last"] = 5.0  # above max_priority_ever (1.0): refused
+    with pytest.raises(ValueError, match="max_priority_last=5.0 is above max_priority_ever"):
+        old.load_state_dict(state)
+
+
 def test_max_priority_policy_is_checked():
-    with pytest.raises(ValueError, match="`max_priority` must be 'ever', 'current'"):
+    with pytest.raises(ValueError, match="`max_priority` must be 'ever', 'current', 'last'"):
         fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority="largest")
     with pytest.raises(ValueError, match=r"`max_priority` must be <= clip \+ eps"):
         fastper.PrioritizedReplayBuffer(4, FIELDS, max_priority=2.0, clip=1.0)
@@ -178,9 +217,7 @@ def test_switch_scheme_is_checked_and_refusals_change_nothing():
 
 def test_priority_noise_multiplies_td_by_a_lognormal_factor():
     sigma = 0.5
-    buf = fastper.PrioritizedReplayBuffer(
-        4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0
-    )
+    buf = fastper.PrioritizedReplayBuffer(4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0)
     buf.add(_data(4096))
     td = np.full(4096, 2.0)
     buf.update_priorities(np.arange(4096), td)

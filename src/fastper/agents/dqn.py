@@ -90,7 +90,7 @@ class DQNConfig:
     switch_at: float = 0.0  # replay="rank": proportional from this share of total_steps (0: never)
     priority_noise_late: float = 0.0  # sigma of |td| * exp(sigma z) from the switch on (0: none)
     grad_clip_is: float = 0.0  # also clip grad norm at this x batch max IS weight (0: off)
-    new_priority: str = "ever"  # new p: max "ever" (paper) or max held now, "max_td"
+    new_priority: str = "ever"  # new p: max "ever" (paper), held now "max_td", last batch "last_td"
     eval_every: int = 5_000  # environment steps between evaluations (0: none, not even at the end)
     eval_episodes: int = 5  # episodes per evaluation
     eval_epsilon: float = 0.0  # random-action rate in evaluation (0: greedy)

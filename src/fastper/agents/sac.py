@@ -92,7 +92,7 @@ class SACConfig:
     switch_at: float = 0.0  # replay="rank": proportional from this share of total_steps (0: never)
     priority_noise_late: float = 0.0  # sigma of |td| * exp(sigma z) from the switch on (0: none)
     grad_clip_is: float = 0.0  # clip critics' grad norm at this x batch max IS weight (0: off)
-    new_priority: str = "ever"  # new p: max "ever" (paper) or max held now, "max_td"
+    new_priority: str = "ever"  # new p: max "ever" (paper), held now "max_td", last batch "last_td"
     eval_every: int = 1_500  # environment steps between evaluations (0: none, not even at the end)
     eval_episodes: int = 5  # episodes per evaluation (deterministic: the mean action)
     eval_max_steps: int = 27_000  # cap on an evaluation episode's length
