@@ -16,10 +16,11 @@
 #
 # Budgets (2 cores, shared with the MinAtar study): DQN on CartPole-v1, 50,000
 # env steps per run (the CartPole study's budget, docs/results/cartpole_dqn:
-# 5-13 min per run, two at a time), 5 seeds x 2 arms = 10 runs, about 0.5-1.2 h
+# 70-110 s per run on an idle core), 5 seeds x 2 arms = 10 runs, 8-15 min
 # per claim; SAC on Pendulum-v1, 15,000 steps (the Pendulum study's budget,
-# docs/results/pendulum_sac: 4-15 min per run), 10 runs, about 0.4-1.3 h.
-# SEEDS (default 5), SEED_OFFSET (the first seed, default 0) and STEPS_DQN / STEPS_SAC change them for every claim;
+# about 80 s per run on an idle core), 10 runs, 8-15 min. Earlier sessions on
+# a busier machine saw 5-13 min per run. SEEDS (default 5), SEED_OFFSET (the
+# first seed, default 0) and STEPS_DQN / STEPS_SAC change them for every claim;
 # WORKERS (default 2) sets the processes per arm: two claims can run side by
 # side with WORKERS=1 each, so no core idles while an arm's last seed runs.
 #
