@@ -247,10 +247,11 @@ class StateMixin(BufferCore):
                     "alpha": None if pending["alpha"] is None else _sched.to_dict(pending["alpha"]),
                 },
                 "max_priority_ever": self._max_seen,
-                "max_priority_last": self._last_max,
                 "stale_updates": self._stale_updates,
                 "step": self._step,
                 "rng": self._rng.bit_generator.state,
+                # only the "last" policy reads it: other buffers' states stay as before
+                **({_LAST_KEY: self._last_max} if self._max_policy == "last" else {}),
             },
             "writer": self._writer.state_dict(),
             "sampler": self._sampler.state_dict(n, out=priorities_out),
@@ -341,7 +342,7 @@ class StateMixin(BufferCore):
             raise ValueError("the frame state does not match the frame_stack settings")
         buf = state["buffer"]
         sch = state["schedules"]
-        # files written before the "last" policy existed have no max_priority_last
+        # written with the "last" policy only (older files and other policies: none)
         _exact_keys(
             "buffer", buf, _BUFFER_KEYS + (_LAST_KEY,) if _LAST_KEY in buf else _BUFFER_KEYS
         )
@@ -477,7 +478,7 @@ _BUFFER_KEYS = (
     "scheme", "scheme_options", "pending_switch", "max_priority_ever", "stale_updates", "step",
     "rng",
 )  # fmt: skip
-_LAST_KEY = "max_priority_last"  # optional: absent from files of versions before 0.5.4
+_LAST_KEY = "max_priority_last"  # optional: only states of max_priority="last" have it
 
 
 def _exact_keys(name: str, part: Any, keys: tuple[str, ...]) -> None:

@@ -931,9 +931,9 @@ class PrioritizedReplayBuffer(_Buffer):
             paper: the largest ever recorded, 1.0 at first; O(1)),
             ``"current"`` (the largest held now: a max tree over the
             priorities, O(log N) more per write, about 1.2 bytes per slot),
-            ``"last"`` (the largest priority written by the latest
-            :meth:`update_priorities` that kept any, 1.0 before the first;
-            O(1): it can fall as well as rise), or a fixed number. Never above
+            ``"last"`` (the largest priority computed by the latest
+            :meth:`update_priorities` that kept any, duplicates included,
+            1.0 before the first; O(1): it can fall as well as rise), or a fixed number. Never above
             ``clip + eps``.
         stratified: stratified (default) or independent draws.
         shuffle: batches in random order (default) or in slice order.

@@ -96,6 +96,9 @@ def test_last_max_is_the_largest_of_the_latest_update():
     buf.add(_data(3))  # overwrites slots 0-2 (ring): the update below is dropped whole
     assert buf.update_priorities([2], [7.0], keys=stale) == 0
     assert buf.max_priority == pytest.approx(50.0 + 1e-6)  # a dropped update changes nothing
+    buf.update_priorities([3, 3], [6.0, 0.5], keys=buf.keys([3, 3]))  # duplicates: last wins
+    assert buf.priorities([3]).tolist() == [pytest.approx(0.5 + 1e-6)]
+    assert buf.max_priority == pytest.approx(6.0 + 1e-6)  # ...but the batch's max counts
 
 
 def test_last_max_survives_a_checkpoint_and_old_files_load(tmp_path):
@@ -105,8 +108,10 @@ def test_last_max_survives_a_checkpoint_and_old_files_load(tmp_path):
     buf.save(tmp_path / "b.fpk")
     back = fastper.load(tmp_path / "b.fpk")
     assert back.max_priority == buf.max_priority == pytest.approx(0.25 + 1e-6)
+    other = fastper.PrioritizedReplayBuffer(8, FIELDS, seed=0)  # "ever": state as before 0.5.4
+    assert "max_priority_last" not in other.state_dict()["buffer"]
     state = buf.state_dict()
-    del state["buffer"]["max_priority_last"]  # as written before the "last" policy existed
+    del state["buffer"]["max_priority_last"]  # a state without it loads with 1.0
     old = fastper.PrioritizedReplayBuffer(8, FIELDS, max_priority="last", seed=0)
     old.load_state_dict(state)
     assert old.max_priority == 1.0
