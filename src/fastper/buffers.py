@@ -848,7 +848,8 @@ class _Buffer(StateMixin):
         """Drop every transition and pending n-step window. O(N).
 
         Keeps the random state, the step, the key counter (so old keys stay
-        stale) and :attr:`max_priority_ever` (which never decreases).
+        stale), :attr:`max_priority_ever` (which never decreases) and the
+        latest update's largest priority (``max_priority="last"``).
         """
         for guard in self._guards:  # a save in progress still writes the old rows
             guard.before_write(np.arange(len(self), dtype=np.int64))
@@ -933,8 +934,8 @@ class PrioritizedReplayBuffer(_Buffer):
             priorities, O(log N) more per write, about 1.2 bytes per slot),
             ``"last"`` (the largest priority computed by the latest
             :meth:`update_priorities` that kept any, duplicates included,
-            1.0 before the first; O(1): it can fall as well as rise), or a fixed number. Never above
-            ``clip + eps``.
+            1.0 before the first; O(1): it can fall as well as rise), or a
+            fixed number. Never above ``clip + eps``.
         stratified: stratified (default) or independent draws.
         shuffle: batches in random order (default) or in slice order.
         weight_norm: ``"buffer"`` (default), ``"batch"`` or ``"none"``. Only
