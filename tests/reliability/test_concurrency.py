@@ -182,9 +182,7 @@ def check_ring(buf, written: list[int] | None) -> None:
     assert n == min(added - buf.state_dict()["writer"]["key_base"], buf.capacity)
     slots = np.arange(n)
     keys = buf.keys(slots)
-    np.testing.assert_array_equal(
-        (keys - buf.state_dict()["writer"]["key_base"]) % buf.capacity, slots
-    )
+    np.testing.assert_array_equal((keys - buf.state_dict()["writer"]["key_base"]) % buf.capacity, slots)
     assert sorted(keys.tolist()) == list(range(added - n, added))
     ids = buf.storage.columns["id"][:n]
     assert (ids > 0).all(), "a slot below len(buffer) was never written"

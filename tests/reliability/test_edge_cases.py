@@ -188,9 +188,8 @@ def _near_2_31_child(conn) -> None:  # runs in a forked child
         for cap, cls in ((2**31 - 1, fastper.ReplayBuffer),
                          (2**31 + 5, fastper.PrioritizedReplayBuffer)):  # fmt: skip
             # weight_norm="batch": no min tree, whose inf fill would touch 2.3 GiB
-            buf = cls(
-                cap, fields, alpha=1.0, beta=1.0, seed=0, stratified=False, weight_norm="batch"
-            )
+            buf = cls(cap, fields, alpha=1.0, beta=1.0, seed=0, stratified=False,
+                      weight_norm="batch")
             # the state after 2 full rings and cap - 3 more adds: key counter ~3 * 2^31
             before = 3 * cap - 3
             buf._writer.load_state_dict(
@@ -205,7 +204,9 @@ def _near_2_31_child(conn) -> None:  # runs in a forked child
             assert keys == list(want.values()) and keys[0] > 2**32, keys
             s = buf.sample(2000)
             assert s.indices.dtype == np.int64 and s.keys.dtype == np.int64
-            assert s.keys.tolist() == [_ref_key(int(i), 0, buf.total_added, cap) for i in s.indices]
+            assert s.keys.tolist() == [
+                _ref_key(int(i), 0, buf.total_added, cap) for i in s.indices
+            ]
             if cls is fastper.PrioritizedReplayBuffer:
                 # the other slots have priority 0: only the five written are drawn
                 assert set(s.indices.tolist()) == set(want)

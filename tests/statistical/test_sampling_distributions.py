@@ -368,7 +368,9 @@ def test_stratified_batches_come_back_in_random_order(kind):
     for j in range(b):  # each slice's draw lands at each position 1/B of the time
         assert _gof(where[j], np.full(b, 1.0 / b)) > P_MIN
     # and the batch as a whole is not in slot order more often than 1/B! of the time
-    ordered = sum(bool(np.all(np.diff(buf.sample(b).indices) >= 0)) for _ in range(2_400))
+    ordered = sum(
+        bool(np.all(np.diff(buf.sample(b).indices) >= 0)) for _ in range(2_400)
+    )
     assert ordered < 2_400 * (1 / 24) + 4 * np.sqrt(2_400 / 24)
 
 

@@ -50,9 +50,8 @@ def test_storage_follows_the_protocol_and_round_trips_its_state():
     other.load_state_dict({k: v.copy() for k, v in s.state_dict(5).items()}, 5)
     assert all(np.array_equal(other.columns[f], s.columns[f]) for f in s.columns)
     with pytest.raises(ValueError, match="column `y` must be int64"):
-        other.load_state_dict(
-            {"columns/x": np.zeros((5, 2), np.float32), "columns/y": np.zeros(5, np.float32)}, 5
-        )
+        other.load_state_dict({"columns/x": np.zeros((5, 2), np.float32),
+                               "columns/y": np.zeros(5, np.float32)}, 5)
     assert other.columns["y"].tolist() == [2, 3, 0, 0, 1]  # refused: unchanged
     assert s.read("y", 1, 3).tolist() == [3, 0]
 

@@ -664,3 +664,4 @@ def test_addresses_of_warm_pieces(monkeypatch, fast):
     want = [np.frombuffer(p, dtype=np.uint8).ctypes.data if p else None for p in pieces]
     got = T._addresses(pieces)
     assert [g if p else None for g, p in zip(got, pieces, strict=True)] == want
+
