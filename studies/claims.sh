@@ -45,7 +45,8 @@ arm() {
   local dir="$1" algo="$2" env="$3" replay="$4" steps="$5"
   shift 5
   local args=(train "$algo" --env "$env" --replay "$replay" --seeds "$SEEDS"
-              --seed-offset "$SEED_OFFSET" --steps "$steps" --workers "$WORKERS" --threads 1 --out "$dir" "$@")
+              --seed-offset "$SEED_OFFSET" --steps "$steps" --workers "$WORKERS"
+              --threads 1 --out "$dir" "$@")
   if [ -n "$(find "$dir" -maxdepth 4 -path '*/checkpoints/step-*' -print -quit 2>/dev/null)" ]; then
     "$FASTPER" "${args[@]}" --resume
   else

@@ -35,16 +35,17 @@ was seen and before any of its runs: the four CartPole claims that stage 1
 judged on final return, which sits at CartPole's ceiling of 500, are judged
 on ``auc``; the other two keep their metric. ``new_priority``'s arm is
 ``last_td`` (the largest priority of the latest learning batch): stage 1's
-``max_td`` arm trained bit for bit as its baseline did. Each table also says whether the
-claimed gain fits under the environment's highest return (``CEILING``): where
-it does not, "not supported" is forced by the ceiling and says nothing.
+``max_td`` arm trained bit for bit as its baseline did. Each table also says
+whether the claimed gain fits under the environment's highest return
+(``CEILING``): where it does not, "not supported" is forced by the ceiling and
+says nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -130,9 +131,20 @@ def scores(runs: list[analysis.Run], metric: str) -> np.ndarray:
     return np.array([np.nanmean(analysis.smoothed_curve(r, grid, 1, "eval")) for r in runs])
 
 
-def primary(claim: Claim, stage: int) -> str:
-    """The claim's primary metric in stage 1 or 2."""
-    return STAGE2_METRIC.get(claim.name, claim.metric) if stage == 2 else claim.metric
+def for_stage(claim: Claim, stage: int) -> Claim:
+    """The claim as stage 1 or 2 judges it: stage 2's arm and primary metric where they differ."""
+    if stage == 1:
+        return claim
+    return replace(
+        claim,
+        arm=STAGE2_ARM.get(claim.name, claim.arm),
+        metric=STAGE2_METRIC.get(claim.name, claim.metric),
+    )
+
+
+def needed(base: np.ndarray, gain: float | None) -> float:
+    """The claimed gain in the metric's units: ``gain`` (None: ``SMALLEST_GAIN``) x |base mean|."""
+    return (gain if gain is not None else SMALLEST_GAIN) * abs(base.mean())
 
 
 def load_arm(path: Path, seeds: tuple[int, int] | None = None) -> list[analysis.Run]:
@@ -145,8 +157,7 @@ def load_arm(path: Path, seeds: tuple[int, int] | None = None) -> list[analysis.
 
 def attainable(base: np.ndarray, gain: float | None, env: str) -> bool:
     """Whether base mean + the claimed gain stays within the environment's highest return."""
-    need = (gain if gain is not None else SMALLEST_GAIN) * abs(base.mean())
-    return bool(base.mean() + need <= CEILING.get(env, np.inf))
+    return bool(base.mean() + needed(base, gain) <= CEILING.get(env, np.inf))
 
 
 def parse_seeds(text: str) -> tuple[int, int]:
@@ -201,10 +212,9 @@ def verdict(arm: np.ndarray, base: np.ndarray, gain: float | None, p_holm: float
     claim's Holm-corrected Welch p-value.
     """
     _, _, hi = welch(arm, base)
-    need = (gain if gain is not None else SMALLEST_GAIN) * abs(base.mean())
     if arm.mean() > base.mean() and p_holm < 0.05:
         return "supported"
-    if np.isfinite(hi) and hi < need:
+    if np.isfinite(hi) and hi < needed(base, gain):
         return "not supported"
     return "inconclusive"
 
@@ -224,9 +234,7 @@ def main(argv: list[str]) -> int:
     root, stage = args.root, args.stage
     backend = stats.stats_backend("auto")
     results = []
-    for c0 in CLAIMS:
-        arm_dir = STAGE2_ARM.get(c0.name, c0.arm) if stage == 2 else c0.arm
-        c = Claim(c0.name, c0.text, c0.base, arm_dir, primary(c0, stage), c0.gain)
+    for c in (for_stage(c0, stage) for c0 in CLAIMS):
         base = load_arm(root / c.name / c.base, args.seeds)
         arm = load_arm(root / c.name / c.arm, args.seeds)
         if not base or not arm:

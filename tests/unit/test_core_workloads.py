@@ -115,9 +115,13 @@ def test_last_max_survives_a_checkpoint_and_old_files_load(tmp_path):
     old = fastper.PrioritizedReplayBuffer(8, FIELDS, max_priority="last", seed=0)
     old.load_state_dict(state)
     assert old.max_priority == 1.0
+    old.update_priorities([2], [0.5], keys=old.keys([2]))
+    before = snapshot(old)
     state["buffer"]["max_priority_last"] = 5.0  # above max_priority_ever (1.0): refused
     with pytest.raises(ValueError, match="max_priority_last=5.0 is above max_priority_ever"):
         old.load_state_dict(state)
+    assert_same_state(snapshot(old), before)  # the refused load changed nothing
+    assert old.max_priority == pytest.approx(0.5 + 1e-6)
 
 
 def test_max_priority_policy_is_checked():
@@ -222,7 +226,9 @@ def test_switch_scheme_is_checked_and_refusals_change_nothing():
 
 def test_priority_noise_multiplies_td_by_a_lognormal_factor():
     sigma = 0.5
-    buf = fastper.PrioritizedReplayBuffer(4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0)
+    buf = fastper.PrioritizedReplayBuffer(
+        4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0
+    )
     buf.add(_data(4096))
     td = np.full(4096, 2.0)
     buf.update_priorities(np.arange(4096), td)
