@@ -11,6 +11,8 @@ mean (IQM) with a 95% stratified bootstrap interval (rliable when installed,
 else scipy; resampling runs within each game) summarises the games, as
 rliable's aggregate metrics do. Uniform's own IQM is near, not exactly, 1:
 its runs spread around their mean.
+A game where uniform's mean return or AUC is not above 0 is left out and
+named below the table: a ratio to it would mean nothing.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ def game_scores(root: Path) -> dict[str, dict[str, np.ndarray]] | None:
 
 def main(argv: list[str]) -> int:
     root = Path(argv[0] if argv else "docs/results/minatar/runs")
-    games = {}
+    games, left_out = {}, []
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         got = game_scores(d)
-        if got is not None:
-            games[d.name] = got
+        if got is None:
+            continue
+        if min(got["uniform"]["final"].mean(), got["uniform"]["auc"].mean()) <= 0:
+            # a ratio to uniform's mean means nothing when that mean is not positive
+            left_out.append(d.name)
+            continue
+        games[d.name] = got
     if not games:
         print(f"no game with finished runs of {', '.join(SCHEMES)} under {root}", file=sys.stderr)
         return 1
@@ -66,6 +73,8 @@ def main(argv: list[str]) -> int:
             for name, g in games.items()
         )
         lines.append(f"| {s} | {cols['final']} | {cols['auc']} | {per_game} |")
+    if left_out:
+        lines += ["", f"Left out (uniform's mean return or AUC not above 0): {', '.join(left_out)}"]
     print("\n".join(lines))
     return 0
 
