@@ -226,9 +226,7 @@ def test_switch_scheme_is_checked_and_refusals_change_nothing():
 
 def test_priority_noise_multiplies_td_by_a_lognormal_factor():
     sigma = 0.5
-    buf = fastper.PrioritizedReplayBuffer(
-        4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0
-    )
+    buf = fastper.PrioritizedReplayBuffer(4096, FIELDS, priority_noise=sigma, eps=0.0, seed=0)
     buf.add(_data(4096))
     td = np.full(4096, 2.0)
     buf.update_priorities(np.arange(4096), td)
