@@ -11,10 +11,9 @@
 
 from __future__ import annotations
 
-__version__ = "0.5.4"
-
 from . import disk, schedules
-from .buffer_state import from_state_dict, load, read_metadata
+from ._version import __version__
+from .buffer_state import from_state_dict, read_metadata
 from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, SampleBatch
 from .disk import DiskStorage, RecoveryReport
 from .errors import (
@@ -31,6 +30,7 @@ from .errors import (
     ZeroPriorityError,
 )
 from .limiter import RateLimitedBuffer, RateLimiter
+from .loading import load
 from .storage import Field, ReplayStorage, Storage
 from .trees import MinTree, SumTree
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import __version__
-from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, _Buffer
+from .buffers import BaseBuffer, PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
 
 FIELDS = {
     "obs": ((4,), np.float32),
@@ -27,7 +27,7 @@ FIELDS = {
 #: The smallest capacity ``run_workloads`` can time (its n-step test adds 4-env vector steps).
 MIN_WORKLOAD_CAPACITY = 4
 
-KINDS: dict[str, type[_Buffer]] = {
+KINDS: dict[str, type[BaseBuffer]] = {
     "uniform": ReplayBuffer,
     "proportional": PrioritizedReplayBuffer,
     "rank": RankBasedReplayBuffer,
@@ -185,7 +185,7 @@ def _interleaved(
     return float(np.median(meds[0])), float(np.median(meds[1]))
 
 
-def _filled(kind: str, capacity: int, n: int, seed: int = 0, **kw: object) -> _Buffer:
+def _filled(kind: str, capacity: int, n: int, seed: int = 0, **kw: object) -> BaseBuffer:
     rng = np.random.default_rng(seed)
     buf = KINDS[kind](capacity, FIELDS, seed=seed, **kw)  # type: ignore[arg-type]
     chunk = 65536
@@ -195,7 +195,7 @@ def _filled(kind: str, capacity: int, n: int, seed: int = 0, **kw: object) -> _B
     return buf
 
 
-def _actor_learner(buf: _Buffer, batch: int, seed: int = 1) -> Callable[[], object]:
+def _actor_learner(buf: BaseBuffer, batch: int, seed: int = 1) -> Callable[[], object]:
     """One add, one sample, one update with the sample's keys: a learner step with an actor."""
     rng = np.random.default_rng(seed)
     one = {k: v[0] for k, v in _batch(rng, 1).items()}

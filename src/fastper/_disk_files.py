@@ -9,6 +9,15 @@ Directory layout::
 
 The header is written last, atomically (temporary file, fsync, rename): its
 presence is what makes a directory a disk buffer.
+
+The counter is one 40-byte record in one page, rewritten in place by one
+``pwrite`` (a process crash cannot split it). ``rows``: rows written in this
+epoch (the k-th goes to slot k % capacity); ``intent``: the end of the
+furthest write begun, never lowered within an epoch. A write begun and not
+finished (``intent > rows``) may have overwritten the stored rows in the
+slots of rows ``rows .. intent-1``: those rows are torn (:func:`torn_rows`)
+until later writes move ``rows`` past them. Directories of every earlier
+release have this layout.
 """
 
 from __future__ import annotations
@@ -35,6 +44,17 @@ COUNTER = "counter.bin"
 
 MAGIC = b"FPDCNT01"
 COUNTER_RECORD = struct.Struct("<8sQQQI4x")  # magic, epoch, rows, intent, crc32 of the three
+
+
+def torn_rows(rows: int, intent: int, capacity: int) -> tuple[int, int]:
+    """The stored rows ``lo .. hi-1`` that an unfinished write may have overwritten. O(1).
+
+    The write of rows ``rows .. intent-1`` goes to their slots, which hold
+    rows ``rows - capacity .. intent - capacity - 1`` when the ring has
+    wrapped; ``lo == hi``: none.
+    """
+    lo = max(rows - capacity, 0)
+    return lo, max(min(intent - capacity, rows), lo)
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:

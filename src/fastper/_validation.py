@@ -126,7 +126,11 @@ def as_value_array(name: str, values: Any, length: int, *, nonnegative: bool = T
 
 
 def _to_numpy(value: Any) -> npt.NDArray[Any]:
-    """numpy view of arrays, lists, scalars and (duck-typed) torch tensors."""
+    """numpy view of arrays, lists, scalars and (duck-typed) torch tensors.
+
+    Tensors are detached first (a tensor that tracks gradients, e.g. a loss,
+    is read as its values) and copied to the host.
+    """
     if isinstance(value, np.ndarray):
         return value
     # torch tensors (and other array libraries) without importing them here
@@ -147,8 +151,26 @@ def _to_numpy(value: Any) -> npt.NDArray[Any]:
 to_numpy = _to_numpy
 
 
+def dtype_error(name: str, kinds: str, dtype: Any) -> TypeError:
+    """The error for values of the wrong kind: ``kinds`` ``"iu"`` (integers) or ``"iuf"``.
+
+    ``dtype`` is shown as given (a numpy or a torch dtype): every front end
+    refuses with this message.
+    """
+    what = "integers" if kinds == "iu" else "real numbers"
+    return TypeError(f"`{name}` must hold {what}, got {name} with dtype {dtype}")
+
+
+def ndim_error(name: str, shape: tuple[int, ...]) -> ValueError:
+    """The error for an argument that must be 1-D (every front end)."""
+    return ValueError(f"`{name}` must be 1-D, got {name} with shape {tuple(shape)}")
+
+
 def as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
-    """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later."""
+    """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later.
+
+    A torch tensor is detached and copied to the host (see :func:`to_numpy`).
+    """
     dtype = np.int64 if kinds == "iu" else np.float64
     if type(value) is np.ndarray and value.dtype == dtype and value.ndim == 1:
         return value  # the common case: arrays straight from a SampleBatch
@@ -156,10 +178,9 @@ def as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {arr.shape}")
+        raise ndim_error(name, arr.shape)
     if arr.dtype.kind not in kinds and arr.size:
-        what = "integers" if kinds == "iu" else "real numbers"
-        raise TypeError(f"`{name}` must hold {what}, got {name} with dtype {arr.dtype}")
+        raise dtype_error(name, kinds, arr.dtype)
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -177,3 +198,22 @@ def nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
             raise TypeError(f"`nstep_keys` values must be field names or None, got {show(value)}")
         out[f"{role}_key"] = value
     return out
+
+
+def unwrap_batch(indices: Any, keys: Any) -> tuple[Any, Any]:
+    """``update_priorities(batch, td)``: a sampled batch stands for its indices and keys.
+
+    Any batch of fastper's (host, device or sharded) has ``indices`` and
+    ``keys``; other values pass through. Giving ``keys`` beside a batch is
+    refused: the batch's own keys are the ones that match its indices.
+    """
+    if isinstance(indices, np.ndarray | list | tuple) or not (
+        hasattr(indices, "indices") and hasattr(indices, "keys")
+    ):
+        return indices, keys
+    if keys is not None:
+        raise ValueError(
+            "`keys` must not be given with a sampled batch (its own keys are used), "
+            f"got keys={show(keys)}"
+        )
+    return indices.indices, indices.keys

@@ -1,11 +1,88 @@
-"""The result of ``sample``: a frozen batch of gathered rows, weights and keys."""
+"""What ``sample`` returns, and the two halves of a sample drawn in two steps.
+
+* :class:`SampleBatch`: a frozen batch of gathered rows, weights and keys.
+* :class:`Draw`: the indices, keys, probabilities and weights of a draw,
+  without the rows (``buffer.draw``), and :class:`Gathered`: the rows of a
+  draw, with which of them still hold the transition drawn
+  (``buffer.gather``). A caller that must not hold a lock while rows are
+  read (:class:`~fastper.limiter.RateLimitedBuffer`) draws under the lock and
+  gathers after releasing it.
+* :func:`check_batch_size`: the size check of ``sample``, so that an absurd
+  ``batch_size`` fails with a message, not with an allocation error.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from ._validation import check_int
+from .storage import physical_memory
+
+__all__ = [
+    "DRAW_NBYTES",
+    "MAX_BATCH_SIZE",
+    "Gathered",
+    "MassSample",
+    "SampleBatch",
+    "check_batch_size",
+    "max_batch_size",
+]
+
+#: the most draws one sample may ask for, whatever the memory (draw more in pieces)
+MAX_BATCH_SIZE = 1 << 24
+#: bytes a sample holds per draw besides the row: uniform, index, key,
+#: probability, weight and shuffle position (8 bytes each)
+DRAW_NBYTES = 48
+#: ``to_torch`` entries besides the fields
+BATCH_KEYS = ("weights", "indices", "keys", "probabilities")
+
+
+@functools.lru_cache(maxsize=1)
+def _memory() -> int:
+    return physical_memory()
+
+
+def max_batch_size(row_nbytes: int = 0) -> int:
+    """The largest ``batch_size`` a sample of rows of ``row_nbytes`` bytes may ask for. O(1).
+
+    A batch is allocated whole: its rows and :data:`DRAW_NBYTES` per draw
+    must fit in this machine's memory, and it is never above
+    :data:`MAX_BATCH_SIZE`.
+    """
+    return int(min(MAX_BATCH_SIZE, _memory() // (max(int(row_nbytes), 0) + DRAW_NBYTES)))
+
+
+def check_batch_size(batch_size: Any, row_nbytes: int = 0) -> int:
+    """``batch_size`` as an int in ``[1, max_batch_size(row_nbytes)]``, else a clear error. O(1).
+
+    Raises:
+        TypeError: not an integer.
+        ValueError: below 1, or larger than :func:`max_batch_size` (the
+            message names the limit and why).
+    """
+    b = batch_size if type(batch_size) is int else check_int("batch_size", batch_size, minimum=1)
+    if b < 1:
+        check_int("batch_size", b, minimum=1)
+    if b <= 65536 and row_nbytes <= 4096:
+        return b  # far below any limit: no arithmetic on the hot path
+    limit = max_batch_size(row_nbytes)
+    if b > limit:
+        per = max(int(row_nbytes), 0) + DRAW_NBYTES
+        why = (
+            f"at most {MAX_BATCH_SIZE} draws a call"
+            if limit == MAX_BATCH_SIZE
+            else f"a batch is allocated whole, {per} bytes a draw with its row, in this "
+            f"machine's {_memory() / 2**30:.1f} GiB of memory"
+        )
+        raise ValueError(
+            f"`batch_size` must be <= {limit} (draw large batches in pieces: {why}), "
+            f"got batch_size={b}"
+        )
+    return b
 
 
 @dataclass(frozen=True)
@@ -35,15 +112,47 @@ class SampleBatch:
         return int(self.indices.shape[0])
 
     def to_torch(self, device: Any = "cpu") -> dict[str, Any]:
-        """``data`` plus ``weights`` / ``indices`` as torch tensors (imports torch)."""
+        """``data`` plus ``weights``, ``indices``, ``keys`` and ``probabilities`` as torch tensors.
+
+        Every tensor is on ``device``. Pass the keys back with the indices,
+        ``buffer.update_priorities(out["indices"], td, keys=out["keys"])``
+        (tensors on any device, ``td`` may require grad), so that updates for
+        slots overwritten since the sample are dropped. O(B) (imports torch).
+
+        Raises:
+            ImportError: PyTorch is not installed.
+            ValueError: a field is named like one of the batch's own entries
+                (``weights``, ``indices``, ``keys``, ``probabilities``).
+        """
         try:
             import torch
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError("to_torch needs PyTorch: pip install 'fastper[agents]'") from exc
+        clash = [k for k in BATCH_KEYS if k in self.data]
+        if clash:
+            raise ValueError(
+                f"field names must differ from the batch's own entries {list(BATCH_KEYS)} to be "
+                f"handed to torch, got fields {clash}: rename them"
+            )
         out = {k: torch.as_tensor(v, device=device) for k, v in self.data.items()}
         out["weights"] = torch.as_tensor(self.weights, device=device)
         out["indices"] = torch.as_tensor(self.indices, device=device)
+        out["keys"] = torch.as_tensor(self.keys, device=device)
+        out["probabilities"] = torch.as_tensor(self.probabilities, device=device)
         return out
+
+
+class Gathered(NamedTuple):
+    """The second half of a sample: the rows of drawn slots (``buffer.gather``).
+
+    Attributes:
+        data: ``{field: array}``, one row per draw (copies).
+        fresh: bool, one per draw: False where the slot was overwritten since
+            the draw (its row is then another transition's and must not be used).
+    """
+
+    data: dict[str, np.ndarray]
+    fresh: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ and no rows: the buffers add their sampler or device index, and storage.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import math
-from collections.abc import Mapping
-from typing import Any, ClassVar
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -30,6 +32,19 @@ MAX_ENVS = 1 << 16
 AUTO_ALPHA_SLOTS = 256
 
 MaxPriorityPolicy = str | float
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def locked(method: F) -> F:
+    """Run the method under the buffer's re-entrant lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class BufferCore:
@@ -56,8 +71,8 @@ class BufferCore:
     _step: int
     _writer: RingWriter
     _storage: ReplayStorage
+    _lock: threading.RLock
     _frames: Any = None  # a FrameStore on host buffers built with frame_stack
-    _zeroed_to: int = 0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Python would name the private ``_Buffer.__init__`` for a misspelt keyword
@@ -144,6 +159,44 @@ class BufferCore:
         self._seed = None if seed is None else check_int("seed", seed, minimum=0)
         self._writer = RingWriter(self._capacity)
         return stored, alpha0
+
+    # -- schedules: one rule for every front end --------------------------------------
+    def _apply_alpha(self, alpha: float) -> None:  # pragma: no cover - each front end's index
+        raise NotImplementedError
+
+    def _checked_alpha(self, value: Any) -> float:
+        if type(value) is float and 0.0 <= value < math.inf:  # fast path, no ABC checks
+            return value
+        return check_real("alpha", value, minimum=0.0)
+
+    @staticmethod
+    def _check_beta(value: Any) -> float:
+        if type(value) is float and 0.0 <= value < math.inf:
+            return value
+        return check_real("beta", value, minimum=0.0)
+
+    def _alpha_at(self, step: int) -> float:
+        """The alpha in force at ``step``: the schedule at the last multiple of ``alpha_every``."""
+        return self._checked_alpha(self._alpha_schedule(step - step % self._alpha_every))
+
+    @locked
+    def set_alpha(self, alpha: _sched.ScheduleLike) -> None:
+        """Replace alpha (a number or a schedule); re-weighs every stored priority now. O(N).
+
+        Raises:
+            ValueError: a negative alpha, or one under which a stored priority
+                would overflow the sum tree (nothing changes).
+        """
+        schedule = _sched.as_schedule("alpha", alpha)
+        self._apply_alpha(self._checked_alpha(schedule(self._step - self._step % self._alpha_every)))
+        self._alpha_schedule = schedule
+
+    @locked
+    def set_beta(self, beta: _sched.ScheduleLike) -> None:
+        """Replace beta (a number or a schedule). O(1)."""
+        schedule = _sched.as_schedule("beta", beta)
+        self._check_beta(schedule(self._step))
+        self._beta_schedule = schedule
 
     def _priority_cap(self) -> float:
         """The largest priority an update can produce: ``clip + eps`` (inf without clip)."""

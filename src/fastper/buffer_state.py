@@ -30,10 +30,12 @@ import numpy as np
 from . import checkpoint as _ckpt
 from . import schedules as _sched
 from ._validation import check_int, check_real, show, to_numpy
-from .buffer_core import BufferCore, constructor_args
+from .buffer_core import BufferCore, constructor_args, locked
 from .errors import CheckpointError, ScheduleNotSerializableError
+from .frames import FrameStore
 from .samplers import PriorityMax, Sampler
 from .storage import Field, ReplayStorage, Storage
+from .validity import Validity
 from .writer import RingWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,17 +47,6 @@ SCHEMES = ("proportional", "rank")
 
 #: buffer classes by ``kind``, filled as the classes are defined
 BUFFER_KINDS: dict[str, type[Any]] = {}
-
-
-def locked(method: F) -> F:
-    """Run the method under the buffer's re-entrant lock."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
 
 
 class _SaveGuard:
@@ -138,6 +129,7 @@ class StateMixin(BufferCore):
     _lock: threading.RLock
     _save_lock: threading.Lock
     _guards: list[_SaveGuard]
+    _validity: Validity
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -149,7 +141,10 @@ class StateMixin(BufferCore):
     ) -> Sampler:  # pragma: no cover - provided by the buffer
         raise NotImplementedError
 
-    def _checked_alpha(self, value: Any) -> float:  # pragma: no cover - provided by the buffer
+    def _invalidate_slots(self, slots: np.ndarray) -> int:  # pragma: no cover - the buffer's
+        raise NotImplementedError
+
+    def _refile_frames(self, n: int) -> None:  # pragma: no cover - provided by the buffer
         raise NotImplementedError
 
     # -- scheme switching ------------------------------------------------------
@@ -182,11 +177,6 @@ class StateMixin(BufferCore):
         Raises:
             ValueError, TypeError: an unknown scheme, a uniform buffer, bad options.
         """
-        if scheme == "rank" and getattr(self, "_frames", None) is not None:
-            raise ValueError(
-                "`switch_scheme('rank')` is not available with frame stacks: transitions "
-                "made invalid by the frame ring would keep a rank (use 'proportional')"
-            )
         if self.kind == "uniform":
             raise ValueError(
                 "`switch_scheme` needs a prioritized buffer, got a ReplayBuffer (uniform)"
@@ -222,6 +212,9 @@ class StateMixin(BufferCore):
         new.check_priorities("priorities", self._sampler.raw[:n], alpha)
         new.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
         new.reset_priorities(self._sampler.raw[:n], n)
+        invalid = self._validity.invalid_slots(n)
+        if invalid.size:  # the new index gives them zero mass too
+            new.invalidate(invalid, n)
         self._sampler = new
         self._alpha_schedule = schedule
         self._scheme = pending["scheme"]
@@ -258,6 +251,12 @@ class StateMixin(BufferCore):
             "storage": storage_state,
             "nstep": None if self._nstep is None else self._nstep.state_dict(),
             **({} if self._frames is None else {"frames": self._frames.state_dict()}),
+            # only buffers holding invalid slots write it: other states stay as before
+            **(
+                {}
+                if self._validity.all_valid
+                else {"validity": self._validity.state_dict(n)}
+            ),
         }
 
     @locked
@@ -320,7 +319,7 @@ class StateMixin(BufferCore):
         for name in (
             "_writer", "_sampler", "_scheme", "_scheme_options", "_pending_switch", "_nstep",
             "_alpha_schedule", "_beta_schedule", "_noise_schedule", "_step", "_max_seen",
-            "_last_max", "_stale_updates", "_rng", "_current_max", "_frames", "_zeroed_to",
+            "_last_max", "_stale_updates", "_rng", "_current_max", "_frames", "_validity",
         ):  # fmt: skip
             setattr(self, name, getattr(other, name))
         self._storage = storage
@@ -335,9 +334,22 @@ class StateMixin(BufferCore):
         out.update({f"sampler/{k}": v for k, v in self._sampler.state_targets(n).items()})
         return out
 
+    def load_state(self, state: Mapping[str, Any], alpha: Any = None, beta: Any = None) -> None:
+        """Take ``state`` into this NEW buffer (built by :func:`build_buffer` from it).
+
+        Checks the state part by part, then applies it. ``alpha`` / ``beta``
+        replace the saved schedules (needed for custom callables). O(N log N).
+
+        Raises:
+            ValueError, TypeError, KeyError: an inconsistent state (see
+                :data:`CONTENT_ERRORS`).
+        """
+        self._load(state, alpha, beta)
+
     def _load(self, state: Mapping[str, Any], alpha: Any, beta: Any) -> None:
         """Check ``state`` part by part, then apply it: only for a new buffer (see load_state_dict)."""
-        _exact_keys("state", state, _STATE_KEYS + (("frames",) if "frames" in state else ()))
+        optional = tuple(k for k in ("frames", "validity") if k in state)
+        _exact_keys("state", state, _STATE_KEYS + optional)
         if ("frames" in state) != (self._frames is not None):
             raise ValueError("the frame state does not match the frame_stack settings")
         buf = state["buffer"]
@@ -399,17 +411,33 @@ class StateMixin(BufferCore):
             sampler = self._build_sampler(
                 scheme, float(sampler_state["alpha"]), options, self._sampler.raw_leaves
             )
+        invalid = (
+            Validity.check_state(state["validity"], n)
+            if "validity" in state
+            else np.empty(0, dtype=np.int64)
+        )
+        frames = self._frames
+        if frames is not None:
+            # a format-1 frame state kept one watermark: every key below it invalid
+            below = FrameStore.watermark(state["frames"]) - (writer.added - n)
+            if below > 0:
+                old = (writer.added - n - writer.key_base + np.arange(min(below, n))) % self._capacity
+                invalid = np.union1d(invalid, old.astype(np.int64))
         self._storage.load_state_dict(state["storage"], n)
         if self._nstep is not None and nstep_state is not None:
             self._nstep.load_state_dict(nstep_state)
         sampler.load_state_dict(sampler_state, n)
-        if self._frames is not None:
-            self._frames.load_state_dict(state["frames"])
-            self._zeroed_to = min(self._frames.valid_from, writer.added)
+        if frames is not None:
+            frames.load_state_dict(state["frames"])
+        self._validity = Validity(self._capacity)
         self._sampler = sampler
+        self._writer = writer
+        if invalid.size:
+            self._invalidate_slots(invalid)
+        if frames is not None:
+            self._refile_frames(n)
         self._scheme, self._scheme_options = scheme, options
         self._pending_switch = pending_switch
-        self._writer = writer
         self._alpha_schedule, self._beta_schedule, self._noise_schedule = alpha_s, beta_s, noise_s
         self._step, self._max_seen, self._stale_updates = step, max_seen, stale
         self._last_max = last_max
@@ -448,7 +476,7 @@ class StateMixin(BufferCore):
                 reference = getattr(self._storage, "reference_state", None)
                 guard = _SaveGuard(self._storage, 0 if reference is not None else n)
                 storage_state = (
-                    reference(n, self._writer.cursor)
+                    reference(n, self._writer.cursor, path)
                     if reference is not None
                     else {
                         f"columns/{name}": _ckpt.LazyArray(
@@ -500,6 +528,12 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def restore_schedule(saved: Mapping[str, Any], given: Any, name: str) -> Any:
+    """The schedule a state saved as ``saved``, or ``given`` when it is not None
+    (a custom callable cannot be saved: it must be given back). O(1)."""
+    return _restore_schedule(saved, given, name)
+
+
 def _restore_schedule(saved: Mapping[str, Any], given: Any, name: str) -> Any:
     if given is not None:
         return _sched.as_schedule(name, given)
@@ -519,6 +553,80 @@ def _constructor_args(state: Mapping[str, Any]) -> tuple[type[Any], dict[str, An
     return BUFFER_KINDS[kind], args
 
 
+def build_buffer(
+    state: Mapping[str, Any],
+    alpha: Any = None,
+    beta: Any = None,
+    storage: StorageLike | None = None,
+) -> Any:
+    """An empty buffer of ``state``'s class and settings, ready for :meth:`load_state`.
+
+    ``alpha`` / ``beta`` replace the saved schedules; ``storage`` as for the
+    buffers' constructors (a disk buffer's reopened directory).
+    """
+    return _new_buffer(state, alpha, beta, storage=storage)
+
+
+def read_buffer(
+    path: str | os.PathLike[str],
+    make: Callable[[dict[str, Any]], tuple[Any, dict[str, np.ndarray]]],
+    alpha: Any = None,
+    beta: Any = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Read a checkpoint into a new buffer: the one loader every kind of file goes through.
+
+    ``make(state)`` builds the empty buffer from the file's state (before its
+    arrays are read) and says where the arrays may be read in place (see
+    :meth:`StateMixin.state_targets`); then the state is checked and taken
+    (:meth:`StateMixin.load_state`). Returns ``(buffer, state)``.
+
+    Raises:
+        CheckpointError: an unreadable file or inconsistent contents.
+        ScheduleNotSerializableError: a custom schedule was saved and none was given.
+    """
+    made: list[Any] = []
+
+    def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
+        buf, where = make(state)
+        made.append(buf)
+        return where
+
+    try:
+        state, _ = _ckpt.read_state(path, targets)
+        buf = made[0]
+        buf.load_state(state, alpha, beta)
+    except (ScheduleNotSerializableError, CheckpointError):
+        raise
+    except _CONTENT_ERRORS as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
+    return buf, state
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    alpha: _sched.ScheduleLike | None = None,
+    beta: _sched.ScheduleLike | None = None,
+) -> Any:
+    """A buffer from a checkpoint that holds its rows (see :func:`fastper.load`)."""
+
+    def make(state: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
+        buf = _new_buffer(state, alpha, beta, check_size=True)
+        n = state["writer"]["size"]
+        if not (isinstance(n, int) and 0 <= n <= buf.capacity):
+            return buf, {}
+        out = buf.state_targets(n)
+        frames = buf.frame_store
+        fstate = state.get("frames")
+        if frames is not None and isinstance(fstate, dict):  # frames straight into the ring
+            added = fstate.get("added")
+            if isinstance(added, int) and added >= 0:
+                m = min(added, frames.capacity)
+                out.update({"frames/frames": frames.frames[:m], "frames/prev": frames.prev[:m]})
+        return buf, out
+
+    return read_buffer(path, make, alpha, beta)[0]
+
+
 def _new_buffer(
     state: Mapping[str, Any],
     alpha: Any,
@@ -531,6 +639,13 @@ def _new_buffer(
     if check_size:
         _check_size(args)
     sch = state["schedules"]
+    if cls.kind == "uniform":  # uniform replay has no alpha (its state keeps the constant 1)
+        return cls(
+            **args,
+            beta=_restore_schedule(sch["beta"], beta, "beta"),
+            priority_noise=_restore_schedule(sch["priority_noise"], None, "priority_noise"),
+            storage=storage,
+        )
     return cls(
         **args,
         alpha=_restore_schedule(sch["alpha"], alpha, "alpha"),
@@ -587,83 +702,10 @@ def _check_size(args: Mapping[str, Any]) -> None:
         )
 
 
-_CONTENT_ERRORS = (
+CONTENT_ERRORS = _CONTENT_ERRORS = (
     KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, SyntaxError,
     RecursionError,
 )  # fmt: skip
-
-
-def load(
-    path: str | os.PathLike[str],
-    *,
-    alpha: _sched.ScheduleLike | None = None,
-    beta: _sched.ScheduleLike | None = None,
-) -> Any:
-    """Load a buffer saved with ``buffer.save(path)``.
-
-    The loaded buffer holds the same contents, priorities, keys, cursor,
-    settings, schedules, step and random state, so it continues with exactly
-    the samples the original would have drawn. The file is read once, rows and
-    priorities straight into the new buffer: memory peaks at about the loaded
-    buffer's own size. Files of every earlier format version load (format 1:
-    fastper 0.1.0; see :func:`fastper.checkpoint.upgrade_v1`). A checkpoint
-    of a disk buffer holds no rows: its directory is reopened, rows added
-    after the checkpoint re-admitted (:func:`fastper.disk.load_checkpoint`).
-
-    Args:
-        path: checkpoint file.
-        alpha, beta: schedules to use instead of the saved ones; needed when
-            the buffer was saved with a custom callable schedule.
-
-    Raises:
-        CheckpointError: a truncated, altered or malformed file, or an
-            unknown format version (a ValueError).
-        ScheduleNotSerializableError: a custom schedule was saved and none
-            was given.
-    """
-    if _is_disk_reference(path):  # a disk buffer's checkpoint: reopen its directory
-        from .disk import load_checkpoint
-
-        return load_checkpoint(path, alpha=alpha, beta=beta)
-    made: list[Any] = []
-
-    def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
-        buf = _new_buffer(state, alpha, beta, check_size=True)
-        made.append(buf)
-        n = state["writer"]["size"]
-        if not (isinstance(n, int) and 0 <= n <= buf.capacity):
-            return {}
-        out = buf.state_targets(n)
-        frames = buf._frames
-        fstate = state.get("frames")
-        if frames is not None and isinstance(fstate, dict):  # frames straight into the ring
-            added = fstate.get("added")
-            if isinstance(added, int) and added >= 0:
-                m = min(added, frames.capacity)
-                out.update({
-                    "frames/frames": frames.frames[:m], "frames/prev": frames.prev[:m],
-                    "frames/last_ref": frames.last_ref[:m],
-                })  # fmt: skip
-        return out
-
-    try:
-        state, _ = _ckpt.read_state(path, targets)
-        buf = made[0]
-        buf._load(state, alpha, beta)
-    except (ScheduleNotSerializableError, CheckpointError):
-        raise
-    except _CONTENT_ERRORS as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
-    return buf
-
-
-def _is_disk_reference(path: str | os.PathLike[str]) -> bool:
-    """Whether the checkpoint refers to a disk buffer's files instead of holding rows. O(header)."""
-    try:
-        storage = _ckpt.read_metadata(path)["state"].get("storage")
-    except (CheckpointError, OSError, AttributeError):
-        return False  # load reports what is wrong with the file
-    return isinstance(storage, Mapping) and "reference" in storage
 
 
 def read_metadata(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:

@@ -39,7 +39,6 @@ Decisions (see the README for the reasoning):
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -57,8 +56,9 @@ from ._validation import (
     check_real,
     show,
     to_numpy,
+    unwrap_batch,
 )
-from .batch import MassSample, SampleBatch
+from .batch import Gathered, MassSample, SampleBatch, check_batch_size
 from .buffer_core import MaxPriorityPolicy
 from .buffer_state import StateMixin, StorageLike, locked
 from .errors import EmptyBufferError
@@ -72,7 +72,16 @@ from .samplers import (
     Sampler,
     UniformSampler,
 )
-from .storage import Field, FieldLike, ReplayStorage, Storage, coerce_batch, make_fields
+from .storage import (
+    Field,
+    FieldLike,
+    PlacedByMass,
+    ReplayStorage,
+    Storage,
+    coerce_batch,
+    make_fields,
+)
+from .validity import Validity
 
 __all__ = ["PrioritizedReplayBuffer", "RankBasedReplayBuffer", "ReplayBuffer", "SampleBatch"]
 
@@ -109,9 +118,14 @@ class _Buffer(StateMixin):
         frame_capacity: int | None = None,
         frame_pad: str = "zero",
     ) -> None:
+        if self.kind == "uniform" and alpha is not None:
+            raise ValueError(
+                "`alpha` has no effect on uniform replay: ReplayBuffer draws every slot with "
+                "P(i) = 1/N; use PrioritizedReplayBuffer or RankBasedReplayBuffer for "
+                f"prioritized replay, got alpha={show(alpha)}"
+            )
         self._input_fields = make_fields(fields)
         self._frames: FrameStore | None = None
-        self._zeroed_to = 0  # transitions with smaller keys have had their mass zeroed
         if frame_stack is not None:
             self._frames = self._frame_store(
                 capacity, frame_stack, frame_capacity, frame_pad, n_envs, autoreset, nstep_keys
@@ -131,6 +145,13 @@ class _Buffer(StateMixin):
         self._clip_value = np.inf if self._clip is None else self._clip
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
         self._storage = self._make_storage(storage, stored)
+        # optional parts of the storage protocol (see fastper.storage.ReplayStorage)
+        self._gather_can_fail = bool(getattr(self._storage, "gather_can_fail", True))
+        self._placed = self._storage if isinstance(self._storage, PlacedByMass) else None
+        # bytes of one gathered row (frame stacks: both stacks), for the batch size check
+        self._row_nbytes = sum(f.nbytes_per_item for f in self._storage.fields.values())
+        if self._frames is not None:
+            self._row_nbytes += 2 * self._frames.stack * self._frames.frame_bytes
         self._scheme = self.kind
         self._scheme_options: dict[str, Any] = self._default_scheme_options()
         self._sampler = self._build_sampler(self.kind, alpha0, self._scheme_options, None)
@@ -145,6 +166,7 @@ class _Buffer(StateMixin):
         self._save_lock = threading.Lock()
         self._guards = []  # saves in progress (see buffer_state)
         self._status = np.zeros(4, dtype=np.int64)  # update kernels' result codes
+        self._validity = Validity(self._capacity)
 
     # -- construction ------------------------------------------------------------
     def _make_storage(self, storage: StorageLike | None, fields: dict[str, Field]) -> ReplayStorage:
@@ -174,12 +196,6 @@ class _Buffer(StateMixin):
         nstep_keys: Mapping[str, str | None] | None,
     ) -> FrameStore:
         """Check the frame settings against the fields; the store of the frame stream."""
-        if self.kind == "rank":
-            raise ValueError(
-                "`frame_stack` is not available with rank-based sampling: transitions made "
-                "invalid by the frame ring would keep a rank (use PrioritizedReplayBuffer or "
-                "ReplayBuffer)"
-            )
         if not isinstance(frame_stack, Mapping) or len(frame_stack) != 1:
             raise ValueError(
                 "`frame_stack` must map one observation field to its stack size, e.g. "
@@ -225,7 +241,7 @@ class _Buffer(StateMixin):
         return FrameStore(
             name, next_name, fields[name], k, fcap, pad=frame_pad,
             n_envs=None if n_envs is None else check_int("n_envs", n_envs, minimum=1),
-            autoreset=autoreset, done_keys=tuple(done),
+            autoreset=autoreset, done_keys=tuple(done), transitions=cap,
         )  # fmt: skip
 
     def _default_scheme_options(self) -> dict[str, Any]:
@@ -325,50 +341,20 @@ class _Buffer(StateMixin):
             batch_size = check_int("batch_size", batch_size, minimum=1)
         if len(self) == 0:
             return np.empty(0, dtype=np.float64)
-        if self._frames is not None:
-            nv = self.num_valid
-            valid = self._writer.keys(idx) >= self.valid_from
-            if nv == 0:
-                return np.zeros(idx.shape[0], dtype=np.float64)
-            prob = self._sampler.probabilities(idx, nv, batch_size)
-            return np.where(valid, prob, 0.0)
-        return self._sampler.probabilities(idx, len(self), batch_size)
-
-    def _checked_alpha(self, value: Any) -> float:
-        if type(value) is float and 0.0 <= value < math.inf:  # fast path, no ABC checks
-            return value
-        return check_real("alpha", value, minimum=0.0)
-
-    @staticmethod
-    def _check_beta(value: Any) -> float:
-        if type(value) is float and 0.0 <= value < math.inf:
-            return value
-        return check_real("beta", value, minimum=0.0)
-
-    def _alpha_at(self, step: int) -> float:
-        """The alpha in force at ``step``: the schedule at the last multiple of ``alpha_every``."""
-        return self._checked_alpha(self._alpha_schedule(step - step % self._alpha_every))
+        if self._validity.all_valid:
+            return self._sampler.probabilities(idx, len(self), batch_size)
+        nv = self.num_valid
+        valid = self._validity.valid(idx)
+        prob = np.zeros(idx.shape[0], dtype=np.float64)
+        if nv and valid.any():
+            prob[valid] = self._sampler.probabilities(idx[valid], nv, batch_size)
+        return prob
 
     def _apply_alpha(self, alpha: float) -> None:
         if alpha != self._sampler.alpha:
             self._sampler.check_priorities("priorities", self._sampler.raw[: len(self)], alpha)
             self._sampler.check_priorities("max_priority", np.asarray([self._max_seen]), alpha)
             self._sampler.set_alpha(alpha, len(self))
-
-    @locked
-    def set_alpha(self, alpha: _sched.ScheduleLike) -> None:
-        """Replace alpha (a number or a schedule); re-weights all priorities now. O(N)."""
-        schedule = _sched.as_schedule("alpha", alpha)
-        value = self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
-        self._apply_alpha(value)
-        self._alpha_schedule = schedule
-
-    @locked
-    def set_beta(self, beta: _sched.ScheduleLike) -> None:
-        """Replace beta (a number or a schedule). O(1)."""
-        schedule = _sched.as_schedule("beta", beta)
-        self._check_beta(schedule(self._step))
-        self._beta_schedule = schedule
 
     # -- priorities ------------------------------------------------------------
     def _priority_from_td(self, td: np.ndarray) -> np.ndarray:
@@ -512,47 +498,109 @@ class _Buffer(StateMixin):
         # write fails (a full disk) leaves the frames and windows as they were
         first_key = self._writer.added
         slots = self._write_rows(out, m, p)
-        frames.commit(fplan)
+        w = self._writer
+        # the new transitions are filed below, so only older ones can lose a frame here
+        lost = frames.commit(fplan, w.key_base, first_key)
         if nstep is not None:
             nstep.commit(plan)
         keys = first_key + np.arange(m, dtype=np.int64)
-        frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys)
-        self._sync_valid()
+        born = frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys, w.key_base)
+        gone = self._invalidate_keys(np.concatenate([lost, born]))
+        frames.invalidated += gone
         return slots
 
-    def _sync_valid(self) -> None:
-        """Zero the sampling mass of stored transitions the frame ring made invalid. O(k log N)."""
+    def _refile_frames(self, n: int) -> None:
+        """File every stored valid transition under its oldest frame again (after a load). O(N k)."""
         frames = self._frames
         assert frames is not None
+        frames.reset_refs()
         w = self._writer
-        lo = max(self._zeroed_to, w.added - w.size)
-        hi = min(frames.valid_from, w.added)
-        if hi > lo:
-            cap = self._capacity
-            start = (lo - w.key_base) % cap
-            count = hi - lo
-            first = min(count, cap - start)
-            self._sampler.write_run(start, first, 0.0)
-            if first < count:
-                self._sampler.write_run(0, count - first, 0.0)
-            if self._current_max is not None:
-                self._current_max.fix((start + np.arange(count, dtype=np.int64)) % cap)
-            frames.invalidated += count
-        self._zeroed_to = max(self._zeroed_to, hi)
+        keys = np.arange(w.added - n, w.added, dtype=np.int64)
+        slots = (keys - w.key_base) % self._capacity
+        valid = self._validity.valid(slots)
+        keys, slots = keys[valid], slots[valid]
+        if keys.shape[0] == 0:
+            return
+        ids = self._storage.gather(slots)
+        born = frames.reference(ids[frames.name], ids[frames.next_name], keys, w.key_base)
+        self._invalidate_keys(born)
 
-    @property
-    def valid_from(self) -> int:
-        """Key of the oldest transition that can be sampled (frame buffers: later ones may be invalid)."""
+    def _invalidate_keys(self, keys: np.ndarray) -> int:
+        """Make the stored transitions among ``keys`` invalid; how many became so."""
+        if keys.shape[0] == 0:
+            return 0
         w = self._writer
-        oldest = w.added - w.size
-        return (
-            oldest if self._frames is None else max(oldest, min(self._frames.valid_from, w.added))
-        )
+        keys = keys[keys >= w.added - w.size]
+        return self._invalidate_slots((keys - w.key_base) % self._capacity)
+
+    def _invalidate_slots(self, slots: np.ndarray) -> int:
+        """Zero mass and mask for the valid ones of stored ``slots``. O(B log N)."""
+        fresh = self._validity.fresh(slots)
+        if fresh.shape[0] == 0:
+            return 0
+        self._sampler.invalidate(fresh, len(self))
+        self._validity.invalidate(fresh)
+        if self._current_max is not None:
+            self._current_max.fix(fresh)
+        return int(fresh.shape[0])
+
+    @locked
+    def invalidate(self, indices: Any) -> int:
+        """Make stored slots invalid: never drawn, under every scheme. O(B log N).
+
+        An invalid slot has zero mass in the index, is not counted in the N of
+        the IS weights, and updates to it are dropped, until ``add`` writes a
+        new transition into it. For storages that find rows they cannot trust
+        (a disk buffer's rows torn by a crash).
+
+        Returns:
+            How many of the slots became invalid (those already invalid excluded).
+
+        Raises:
+            InvalidIndexError: an index out of range or never written.
+        """
+        idx = as_index_array("indices", indices, self._capacity, written=len(self))
+        return self._invalidate_slots(idx)
+
+    @locked
+    def is_valid(self, indices: Any) -> np.ndarray:
+        """Whether each stored slot may be drawn (see :meth:`invalidate`). O(B)."""
+        idx = as_index_array("indices", indices, self._capacity, written=len(self))
+        return self._validity.valid(idx).copy()
 
     @property
     def num_valid(self) -> int:
-        """Transitions that can be sampled: ``len(self)`` less those whose frames were overwritten. O(1)."""
-        return self._writer.added - self.valid_from
+        """Transitions that can be sampled: ``len(self)`` less the invalid ones. O(1)."""
+        return len(self) - self._validity.n_invalid
+
+    @locked
+    def adopt(self, count: int) -> np.ndarray:
+        """Take the next ``count`` rows of the ring as written: storage holds them already.
+
+        For a storage that wrote rows itself (a disk buffer reopened after a
+        crash): the ring advances over them and each gets the new-transition
+        priority, exactly as :meth:`add` would have given it. Only the last
+        ``capacity`` rows count when ``count`` is larger. O(count log N).
+
+        Returns:
+            The slots taken (int64).
+        """
+        count = check_int("count", count, minimum=0)
+        out: list[np.ndarray] = []
+        left = count
+        while left > 0:
+            k = min(self._capacity, left)
+            w = self._writer
+            start = w.cursor
+            slots = w.slots(start, k)
+            priority = self._new_priority()
+            w.advance(k)
+            self._admit_run(start, k, priority)
+            out.append(slots)
+            left -= k
+        if self._current_max is not None and out:
+            self._current_max.fix(np.concatenate(out))
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
     @property
     def frame_store(self) -> FrameStore | None:
@@ -575,17 +623,30 @@ class _Buffer(StateMixin):
         self._storage.write(start, prepared, k)
         w.advance(k)
         if p is None:
-            # new transitions: one priority for a contiguous run (two if it wraps)
-            first = min(k, self._capacity - start)
-            self._sampler.write_run(start, first, priority)
-            if first < k:
-                self._sampler.write_run(0, k - first, priority)
+            self._admit_run(start, k, priority)
         else:
             self._max_seen = max(self._max_seen, float(p.max()))
+            self._validity.admit(slots)
             self._sampler.write(slots, p, new=True)
+            self._after_admit()
         if self._current_max is not None:
             self._current_max.fix(slots)
         return slots
+
+    def _admit_run(self, start: int, k: int, priority: float) -> None:
+        """New transitions in ``k`` slots from ``start`` (wrapping): valid, with one
+        priority for a contiguous run (two if it wraps)."""
+        first = min(k, self._capacity - start)
+        self._validity.admit_run(start, first)
+        self._sampler.write_run(start, first, priority)
+        if first < k:
+            self._validity.admit_run(0, k - first)
+            self._sampler.write_run(0, k - first, priority)
+        self._after_admit()
+
+    def _after_admit(self) -> None:
+        if self._validity.all_valid:
+            self._sampler.all_valid()
 
     # -- sample ----------------------------------------------------------------
     @locked
@@ -608,20 +669,76 @@ class _Buffer(StateMixin):
             ZeroPriorityError: every priority is zero (proportional).
             ValueError, TypeError: a bad ``batch_size`` or ``beta``.
         """
-        b = batch_size if type(batch_size) is int and batch_size >= 1 else None
-        if b is None:
-            b = check_int("batch_size", batch_size, minimum=1)
-        beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
-        n = len(self)
-        if n == 0:
-            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
-        if self._frames is not None:
-            n = self.num_valid
-            if n == 0:
-                raise EmptyBufferError(
-                    f"cannot sample: none of the {len(self)} stored transitions is valid (the "
-                    "frame ring overwrote their frames; raise `frame_capacity`)"
+        idx, prob, weights, keys, rng_state = self._draw(batch_size, beta)
+        try:
+            data = self._gather(idx)
+        except BaseException:
+            if rng_state is not None:
+                self._rng.bit_generator.state = rng_state
+            raise
+        self._after_draw()
+        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
+
+    @locked
+    def draw(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """The first half of :meth:`sample`: indices, keys, probabilities and weights. O(B log N).
+
+        Draws exactly as ``sample`` does (same generator, same step), but
+        reads no rows: ``data`` is empty. Read them with :meth:`gather`, which
+        does not hold the buffer's lock while it reads, so slow storage (disk,
+        tiers) does not block other threads' adds meanwhile.
+
+        Raises:
+            As :meth:`sample`.
+        """
+        idx, prob, weights, keys, _ = self._draw(batch_size, beta)
+        self._after_draw()
+        return SampleBatch(data={}, indices=idx, weights=weights, probabilities=prob, keys=keys)
+
+    def gather(self, indices: Any, keys: Any) -> Gathered:
+        """The rows of drawn slots, read without holding the lock while reading. O(B).
+
+        Args:
+            indices, keys: from :meth:`draw`.
+
+        Returns:
+            ``(data, fresh)`` (a :class:`~fastper.batch.Gathered`): the rows,
+            and a bool per row that is False where the slot was overwritten (its
+            key changed), made invalid or emptied (a ``clear``) since the draw:
+            that row belongs to another transition (or none), and must be
+            dropped or drawn again, never used with the drawn key.
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``.
+            ValueError: keys of another length.
+        """
+        with self._lock:
+            idx = as_index_array("indices", indices, self._capacity)
+            key_arr = _as_1d("keys", keys, "iu")
+            if key_arr.shape[0] != idx.shape[0]:
+                raise ValueError(
+                    f"`keys` must have {idx.shape[0]} entries (one per index), got keys with "
+                    f"{key_arr.shape[0]}"
                 )
+        data = self._gather(idx)  # outside the lock: adds may overwrite rows meanwhile
+        with self._lock:
+            stored = idx < len(self)
+            fresh = stored.copy()
+            if stored.any():
+                live = idx[stored]
+                fresh[stored] = (self._writer.keys(live) == key_arr[stored]) & (
+                    self._validity.valid(live)
+                )
+        return Gathered(data, fresh)
+
+    def _draw(
+        self, batch_size: int, beta: float | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+        """Check, then draw (the caller holds the lock). The generator's state before
+        the draw comes back when a later read may fail and must restore it."""
+        b = check_batch_size(batch_size, self._row_nbytes)
+        beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
+        n = self._sampleable()
         pending = self._pending_switch
         if pending is not None and self._step >= pending["at_step"]:
             self._switch(pending)  # checks before it changes anything
@@ -635,39 +752,49 @@ class _Buffer(StateMixin):
             raise
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
-        storage = self._storage
-        # a storage that reads files can fail in gather: the generator is then restored
-        rng_state = None if type(storage) is Storage else self._rng.bit_generator.state
+        # A storage that reads files can fail in gather: the generator is then restored.
+        rng_state = self._rng.bit_generator.state if self._gather_can_fail else None
         u = self._rng.random(b)
         w = self._writer
         idx, prob, weights, keys = self._sampler.sample(
             u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], w.key_base, w.added
         )
-        if self._frames is not None and self._sampler.kind == "uniform":
-            keys = self.valid_from + idx  # uniform over the valid keys, the newest n
-            idx = (keys - w.key_base) % self._capacity
         if self._shuffle and b > 1:
             # slices come out in slot order: minibatches cut from a batch would
             # each get a contiguous piece of the ring
             perm = self._rng.permutation(b)
             idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        try:
-            data = self._gather(idx)
-        except BaseException:
-            if rng_state is not None:
-                self._rng.bit_generator.state = rng_state
-            raise
-        batch = SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
-        if getattr(storage, "wants_masses", False):  # a tiered storage places its chunks by mass
-            tiered: Any = storage
-            tiered.rebalance(self._sampler.chunk_masses(tiered.mass_chunk_size, len(self)))
+        return idx, prob, weights, keys, rng_state
+
+    def _after_draw(self) -> None:
+        placed = self._placed
+        if placed is not None and placed.wants_masses:  # a tiered storage places chunks by mass
+            placed.rebalance(self._sampler.chunk_masses(placed.mass_chunk_size, len(self)))
         self._step += 1
-        return batch
+
+    def _sampleable(self) -> int:
+        """The number of slots a draw may pick; raises when there is none. O(1)."""
+        if len(self) == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        n = self.num_valid
+        if n == 0:
+            why = (
+                "the frame ring overwrote their frames; raise `frame_capacity`"
+                if self._frames is not None
+                else "every stored slot was invalidated"
+            )
+            raise EmptyBufferError(
+                f"cannot sample: none of the {len(self)} stored transitions is valid ({why})"
+            )
+        return n
 
     # -- update ----------------------------------------------------------------
     @locked
     def update_priorities(self, indices: Any, td_errors: Any, keys: Any = None) -> int:
         """Set p_i = min(|td_i|, clip) + eps for sampled slots. O(B log N).
+
+        ``update_priorities(batch, td_errors)`` with the :class:`SampleBatch`
+        itself takes its indices and keys.
 
         Duplicate indices: the last one wins. With ``keys`` (from
         :class:`SampleBatch`), entries whose slot now holds a different
@@ -682,6 +809,7 @@ class _Buffer(StateMixin):
             InvalidIndexError: an index out of range or never written.
             ValueError: td errors not finite, lengths differ, bad keys.
         """
+        indices, keys = unwrap_batch(indices, keys)
         idx = _as_1d("indices", indices, "iu")
         td = _as_1d("td_errors", td_errors, "iuf")
         use_keys = keys is not None
@@ -693,10 +821,10 @@ class _Buffer(StateMixin):
                     f"got {name} with {arr.shape[0]}"
                 )
         invalid = 0
-        if self._frames is not None and self.valid_from > self._writer.added - len(self):
-            # transitions whose frames were overwritten keep zero mass: drop their updates
+        if not self._validity.all_valid:
+            # invalid slots keep zero mass: drop their updates
             as_index_array("indices", idx, self._capacity, written=len(self))
-            keep = self._writer.keys(idx) >= self.valid_from
+            keep = self._validity.valid(idx)
             invalid = int(keep.shape[0] - np.count_nonzero(keep))
             if invalid:
                 idx, td = idx[keep], td[keep]
@@ -793,17 +921,8 @@ class _Buffer(StateMixin):
             TypeError: rank-based sampling (its mass is not additive).
             ValueError: points outside the range, not finite, or not 1-D.
         """
-        n = len(self)
-        if n == 0:
-            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        n = self._sampleable()
         sampler = self._sampler
-        if self._frames is not None:
-            if sampler.kind == "uniform":
-                raise TypeError(
-                    "sample_mass needs a prioritized frame buffer: a uniform one's invalid "
-                    "transitions keep unit mass"
-                )
-            n = self.num_valid
         total, min_mass = sampler.mass_stats(n)
         sampler.check_sampleable(n)
         arr = to_numpy(targets)
@@ -839,7 +958,7 @@ class _Buffer(StateMixin):
         What a coordinator of several buffers needs to split a sample among
         them (see :meth:`sample_mass`); rank-based buffers raise TypeError.
         """
-        n = len(self) if self._frames is None else self.num_valid
+        n = self.num_valid
         total, min_mass = self._sampler.mass_stats(n)
         return total, min_mass, n, self._writer.added
 
@@ -860,9 +979,9 @@ class _Buffer(StateMixin):
             self._current_max.rebuild()
         if self._nstep is not None:
             self._nstep.clear()
+        self._validity.clear()
         if self._frames is not None:
-            self._frames.clear(self._writer.added)
-            self._zeroed_to = self._writer.added
+            self._frames.clear()
 
     def nbytes(self) -> dict[str, int]:
         """Memory held: ``data`` (storage), ``index`` (priorities, trees, ranks; keys are derived, not stored)."""
@@ -878,13 +997,18 @@ class _Buffer(StateMixin):
                         base = base.base
                     seen[id(base)] = base.nbytes
         data = self._storage.nbytes() + (0 if self._frames is None else self._frames.nbytes())
-        return {"data": int(data), "index": int(sum(seen.values()))}
+        index = sum(seen.values()) + self._validity.nbytes()
+        return {"data": int(data), "index": int(index)}
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(capacity={self._capacity}, len={len(self)}, "
             f"fields={list(self._storage.fields)}, alpha={self.alpha:g})"
         )
+
+
+#: the base class of the three buffers, for type annotations
+BaseBuffer = _Buffer
 
 
 class ReplayBuffer(_Buffer):

@@ -64,7 +64,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .errors import CheckpointError
 
 MAGIC = b"\x89FPCKPT\n"

@@ -39,12 +39,24 @@ of Atari rows under a 1 GiB cgroup limit (page cache counted), add, sample
 and update ran with a peak RSS of 171 MiB; the RAM storage was killed.
 
 Crash consistency (a process crash: the page cache survives it). Each
-``write`` stores ``intent = rows + k`` in the counter, then the rows, then
-``rows += k``; the counter never covers a row not written. After a crash
-mid-write, the rows it was overwriting (the oldest, which it evicted) are
-known from ``intent`` and reported as torn by :func:`open_buffer`. A
-checkpoint (``buffer.save``) fsyncs the files, so rows it covers also
-survive power loss; rows written after it survive a process crash only.
+``write`` stores ``intent = max(intent, rows + k)`` in the counter, then the
+rows, then ``rows += k``; the counter never covers a row not written. After
+a crash mid-write, the stored rows it was overwriting (the oldest, which it
+evicted) may be part old, part new: they are *torn*. They are the stored
+rows in the slots of rows ``rows .. intent-1``, so the counter itself keeps
+them: :func:`open_buffer` drops them at every reopening (they are never
+sampled, under any scheme) until later adds overwrite their slots, which
+moves ``rows`` past them (``intent`` is never lowered; nothing else is
+written for it). A checkpoint (``buffer.save``) fsyncs the files, so rows
+it covers also survive power loss; rows written after it survive a process
+crash only.
+
+A checkpoint holds a reference instead of the rows: the directory's id, its
+epoch and row counter, and its path, relative to the checkpoint's folder
+when the two share a folder below the filesystem's root (so a run's folder
+copied whole reopens the copy, not the original), else absolute. Loading
+writes nothing to a directory before it has checked that it is the one the
+checkpoint was taken of (see :func:`load_checkpoint`).
 
 Costs: ``gather`` O(B) syscalls for disk fields; ``write`` O(B) bytes, one
 ``pwrite`` per disk field (two where the ring wraps) plus two 40-byte counter
@@ -71,12 +83,16 @@ from . import buffer_state as _bs
 from . import checkpoint as _ckpt
 from ._disk_files import COUNTER, FORMAT, HEADER, VERSION
 from ._validation import check_int, show
-from .errors import CheckpointError, DiskBufferError, RecoveryWarning
+from .errors import (
+    CheckpointError,
+    DiskBufferError,
+    RecoveryWarning,
+)
 from .storage import FieldLike, check_columns, coerce_batch, make_fields
 
 __all__ = [
     "COUNTER", "DEFAULT_RAM_BUDGET", "FORMAT", "HEADER", "VERSION", "DiskStorage",
-    "RecoveryReport", "load_checkpoint", "open_buffer",
+    "RecoveryReport", "load_checkpoint", "open_buffer", "referenced_directory",
 ]  # fmt: skip
 
 #: RAM the small-field mirror may take by default (bytes)
@@ -91,8 +107,12 @@ class RecoveryReport:
         restored: stored rows whose priorities came from the checkpoint.
         recovered: rows found on disk past the checkpoint (all rows without
             one), re-admitted with the buffer's new-transition priority.
-        torn: rows a write interrupted by the crash was overwriting; kept in
-            the ring with priority 0 (proportional sampling never draws them).
+        torn: stored rows that a write interrupted by a crash was
+            overwriting, so part old, part new: dropped. They keep their
+            slots in the ring but are never sampled, under any scheme, nor
+            counted in the number of valid transitions, until an add
+            overwrites their slot; every reopening drops them again (the
+            directory remembers them) and counts them here.
         pending_dropped: transitions waiting in the checkpoint's n-step
             windows, dropped because rows were added after it (their windows
             had moved on). Windows pending at the crash itself were in the
@@ -277,6 +297,15 @@ class DiskStorage:
         """Rows the counter covers: ``min(rows, capacity)``."""
         return min(self.rows, self.capacity)
 
+    def torn_slots(self) -> np.ndarray:
+        """Slots of the stored rows that a write cut short was overwriting. O(torn).
+
+        Part old, part new until an add overwrites them: a buffer reopened
+        by :func:`open_buffer` never samples them (see the module docstring).
+        """
+        lo, hi = _files.torn_rows(self.rows, self.intent, self.capacity)
+        return _slots(lo, hi, self.capacity)
+
     @property
     def nbytes_per_slot(self) -> int:
         """Bytes of one transition on disk (all fields)."""
@@ -363,7 +392,10 @@ class DiskStorage:
         self._put_counter(self.epoch, new_rows, max(self.intent, new_rows))
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of the rows at ``indices``: one ``preadv`` per row of each disk field. O(B)."""
+        """Copies of the rows at ``indices``: one ``preadv`` per row of each disk field. O(B).
+
+        No indices: empty arrays of every field's shape and dtype.
+        """
         self._check_open()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         b = idx.shape[0]
@@ -376,7 +408,7 @@ class DiskStorage:
                 continue
             arr = np.empty((b, *f.shape), dtype=f.dtype)
             row = self._row[name]
-            if row:
+            if row and b:
                 rows = arr.reshape(b, -1).view(np.uint8)
                 fd = self._fds[name]
                 for j, s in enumerate(slots):
@@ -467,12 +499,22 @@ class DiskStorage:
                     _files.pwrite_all(self._fds[name], src.reshape(-1).view(np.uint8).data, 0)
         self._put_counter(self.epoch, n, n)
 
-    def reference_state(self, n: int, cursor: int) -> dict[str, Any]:
+    def reference_state(
+        self, n: int, cursor: int, checkpoint: str | os.PathLike[str] | None = None
+    ) -> dict[str, Any]:
         """What a checkpoint holds instead of the rows: this directory and the counter.
 
         Syncs the counter with the buffer's ``cursor`` (``n`` stored rows),
         then fsyncs the files, so the rows the reference covers survive power
         loss too. O(dirty pages).
+
+        Args:
+            n, cursor: the buffer's stored rows and ring cursor.
+            checkpoint: the file the reference goes to. The directory is
+                recorded relative to the file's folder when the two share a
+                folder below the filesystem's root (a run's folder copied or
+                moved whole then reopens its own copy), else absolute; without
+                it, absolute.
         """
         if n != self.size:
             raise ValueError(f"the buffer holds {n} rows but its disk storage {self.size}")
@@ -483,7 +525,7 @@ class DiskStorage:
         return {
             "reference": FORMAT,
             "id": self.id,
-            "directory": str(self.directory.resolve()),
+            "directory": _reference_path(self.directory, checkpoint),
             "epoch": self.epoch,
             "rows": self.rows,
         }
@@ -567,9 +609,13 @@ def open_buffer(
     built from ``settings`` (capacity and fields default to the directory's),
     every row on disk re-admitted with the new-transition priority.
 
-    Either way rows that a write cut short by the crash was overwriting get
-    priority 0 (reported as ``torn``). O(N) for the priorities, plus reading
-    the mirrored fields.
+    Either way, stored rows that a write cut short by a crash was
+    overwriting (part old, part new) are dropped: they are never sampled,
+    under any scheme, until an add overwrites their slot. The directory
+    remembers them, so every reopening drops them again (with or without a
+    checkpoint) and reports them as ``torn``. Reopening writes nothing to
+    the directory: the buffer's first write is its next ``add``. O(N) for
+    the priorities, plus reading the mirrored fields.
 
     Args:
         directory: the disk buffer's directory.
@@ -628,9 +674,8 @@ def _rebuild(
 def _from_checkpoint(
     storage: DiskStorage, path: str | os.PathLike[str], alpha: Any, beta: Any
 ) -> tuple[Any, int, int]:
-    made: list[Any] = []
 
-    def targets(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    def make(state: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
         ref = state.get("storage")
         if not isinstance(ref, Mapping) or ref.get("reference") != FORMAT:
             raise DiskBufferError(
@@ -639,22 +684,18 @@ def _from_checkpoint(
             )
         if ref.get("id") != storage.id:
             storage._check_reference(ref, 0)  # raises: names both buffers
-        buf = _bs._new_buffer(state, alpha, beta, storage=storage)
-        made.append(buf)
+        buf = _bs.build_buffer(state, alpha, beta, storage=storage)
         n = state["writer"]["size"]
         if not (isinstance(n, int) and 0 <= n <= buf.capacity):
-            return {}
-        return {f"sampler/{k}": v for k, v in buf._sampler.state_targets(n).items()}
+            return buf, {}
+        # the priorities only: the file's arrays are read (and its digest checked) before
+        # the state is, so nothing of the directory may be offered
+        where = {k: v for k, v in buf.state_targets(n).items() if k.startswith("sampler/")}
+        return buf, where
 
     storage._recovering = True
     try:
-        state, _ = _ckpt.read_state(path, targets)
-        buf = made[0]
-        buf._load(state, alpha, beta)
-    except (CheckpointError, _bs.ScheduleNotSerializableError):
-        raise
-    except _bs._CONTENT_ERRORS as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint contents: {exc}") from None
+        buf, state = _bs.read_buffer(path, make, alpha, beta)
     finally:
         storage._recovering = False
     return buf, int(state["storage"]["rows"]), buf.n_pending
@@ -666,12 +707,15 @@ def _readmit(
     """Give ``buf`` the rows the disk counter holds past row ``base`` (see :func:`open_buffer`).
 
     ``buf``'s ring holds the rows up to ``base`` (the checkpoint's counter, 0
-    for a new buffer). Reaches into the buffer's writer and sampler as ``add``
-    does, without writing rows: they are on disk already. O(rows re-admitted).
+    for a new buffer). The rows past it are on disk already: the buffer
+    adopts them (ring, keys, new-transition priority, as ``add`` would);
+    then the torn rows (those in the slots of rows ``rows .. intent-1``, see
+    the module docstring) are made invalid. Writes nothing to the directory.
+    O(rows re-admitted + rows torn).
     """
     cap = storage.capacity
     disk, intent = storage.rows, storage.intent
-    if getattr(buf, "_frames", None) is not None and (disk > base or intent > disk):
+    if getattr(buf, "frame_store", None) is not None and disk > base:
         # the frame ring lives in RAM: rows past the checkpoint point at frames that are gone
         raise DiskBufferError(
             f"disk buffer {str(storage.directory)!r} holds {disk - base} row(s) past the "
@@ -679,38 +723,26 @@ def _readmit(
             "the rows overwrote slots of the checkpoint's; such a buffer can only be reopened "
             "from a checkpoint taken after its last add"
         )
-    w = buf._writer
     left = disk - base
-    while left > 0:
-        step = min(cap, left)
-        w.advance(step)
-        left -= step
-    if w.cursor != disk % cap or len(buf) != min(disk, cap):
+    if (buf.cursor + left) % cap != disk % cap or min(len(buf) + left, cap) != min(disk, cap):
         raise DiskBufferError(
             f"disk buffer {str(storage.directory)!r} ({disk} rows) does not continue the "
-            f"buffer's ring (cursor {w.cursor}, {len(buf)} rows)"
+            f"buffer's ring (cursor {buf.cursor}, {len(buf)} rows)"
         )
-    lo = max(base, disk - cap)
-    readmit = _slots(lo, disk, cap)
-    # ring rows whose slots an interrupted write (rows disk .. intent-1) was overwriting
-    t0, t1 = max(disk - cap, 0), min(intent - cap, disk)
-    torn = _slots(t0, t1, cap) if t1 > t0 else np.empty(0, np.int64)
-    overlap = max(0, t1 - max(t0, lo)) if t1 > t0 else 0
-    sampler = buf._sampler
-    if readmit.size:
-        sampler.write(readmit, np.full(readmit.size, buf._new_priority()), new=True)
+    if left > 0:
+        buf.adopt(left)
+    readmitted = min(left, cap)  # rows past the last capacity were overwritten on disk
+    # stored rows whose slots an interrupted write (rows disk .. intent-1) was overwriting
+    t0, t1 = _files.torn_rows(disk, intent, cap)
+    torn = _slots(t0, t1, cap)
+    lo = max(base, disk - cap)  # the first row re-admitted
+    overlap = max(0, t1 - max(t0, lo))
     if torn.size:
-        sampler.write(torn, np.zeros(torn.size), new=False)
-    if buf._current_max is not None and (readmit.size or torn.size):
-        buf._current_max.fix(np.concatenate([readmit, torn]))
-    dropped = 0
-    if disk > base and buf._nstep is not None and pending:
-        dropped = pending  # their windows moved on: the rows they became are on disk
-        buf._nstep.clear()
-    storage._put_counter(storage.epoch, disk, disk)  # the interrupted write is settled
+        buf.invalidate(torn)
+    dropped = buf.drop_pending() if disk > base and pending else 0
     return RecoveryReport(
-        restored=int(len(buf) - readmit.size - (torn.size - overlap)),
-        recovered=int(readmit.size - overlap),
+        restored=int(len(buf) - readmitted - (torn.size - overlap)),
+        recovered=int(readmitted - overlap),
         torn=int(torn.size),
         pending_dropped=int(dropped),
         checkpoint=None if checkpoint is None else str(checkpoint),
@@ -722,24 +754,100 @@ def _slots(lo: int, hi: int, cap: int) -> np.ndarray:
     return np.arange(lo, hi, dtype=np.int64) % cap
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, alpha: Any = None, beta: Any = None) -> Any:
+def _reference_path(directory: Path, checkpoint: str | os.PathLike[str] | None) -> str:
+    """``directory`` as a checkpoint at ``checkpoint`` records it (see ``reference_state``)."""
+    target = directory.resolve()
+    if checkpoint is None:
+        return str(target)
+    folder = Path(checkpoint).resolve().parent
+    try:
+        common = Path(os.path.commonpath([target, folder]))
+    except ValueError:  # pragma: no cover - different drives (Windows)
+        return str(target)
+    if common == Path(common.anchor):  # nothing in common below the filesystem's root
+        return str(target)
+    return Path(os.path.relpath(target, folder)).as_posix()
+
+
+def referenced_directory(
+    checkpoint: str | os.PathLike[str], directory: str | os.PathLike[str] | None = None
+) -> Path:
+    """The disk buffer directory a checkpoint of a disk buffer refers to. O(header).
+
+    A relative reference is resolved against the checkpoint's folder (the
+    one it was saved in, when the run's folder was not moved), an absolute
+    one is taken as it is; ``directory`` overrides the reference. Reads the
+    checkpoint's header only; does not open the directory (:func:`open_buffer`
+    then checks that it is the disk buffer the checkpoint was taken of).
+
+    Raises:
+        CheckpointError: an unreadable checkpoint or a malformed reference.
+        DiskBufferError: a checkpoint of a buffer in RAM.
+        TypeError: ``directory`` is not a path.
+    """
+    if directory is not None and not isinstance(directory, str | os.PathLike):
+        raise TypeError(
+            f"`directory` must be a path (str or os.PathLike), got directory={show(directory)}"
+        )
+    ref = _ckpt.read_metadata(checkpoint)["state"].get("storage")
+    if not isinstance(ref, Mapping) or "reference" not in ref:
+        raise DiskBufferError(
+            f"{str(checkpoint)!r} is a checkpoint of a buffer in RAM (it holds its rows), not of "
+            "a disk buffer: load it with fastper.load, without a directory"
+        )
+    if directory is not None:
+        return Path(directory)
+    where = ref.get("directory")
+    if not isinstance(where, str) or not where or "\0" in where:
+        raise CheckpointError(f"{checkpoint}: malformed disk buffer reference {show(ref)}")
+    path = Path(where)
+    if path.is_absolute():
+        return path
+    return Path(os.path.normpath(Path(checkpoint).resolve().parent / path))
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    alpha: Any = None,
+    beta: Any = None,
+    directory: str | os.PathLike[str] | None = None,
+) -> Any:
     """:func:`fastper.load` for a checkpoint of a disk buffer: reopen its directory.
 
-    The directory is the one recorded in the checkpoint; rows added after
-    it are re-admitted (see :func:`open_buffer`), with a
+    The directory is ``directory`` if given, else the one the checkpoint
+    refers to: relative to the checkpoint's folder when the two shared a
+    folder below the filesystem's root at the save (a run's folder copied
+    or moved whole reopens its own copy), else the absolute path recorded
+    (see :func:`referenced_directory`). A directory that is not the disk
+    buffer the checkpoint was taken of (another id, a clear since, fewer
+    rows) or a checkpoint that does not read back intact is refused;
+    loading writes nothing to the directory either way (the buffer's adds
+    do). Rows added after the checkpoint are re-admitted and torn rows
+    dropped (see :func:`open_buffer`), with a
     :class:`~fastper.errors.RecoveryWarning` saying how many.
+
+    Raises:
+        DiskBufferError: the directory is missing, not a disk buffer, or not
+            the one the checkpoint was taken of.
+        CheckpointError: an unreadable checkpoint.
     """
-    meta = _ckpt.read_metadata(path)["state"]
-    ref = meta.get("storage")
-    if not isinstance(ref, Mapping) or not isinstance(ref.get("directory"), str):
-        raise CheckpointError(f"{path}: malformed disk buffer reference {show(ref)}")
-    buf, report = open_buffer(ref["directory"], path, alpha=alpha, beta=beta)
+    where = referenced_directory(path, directory)
+    if directory is None and not (where / HEADER).is_file():
+        raise DiskBufferError(
+            f"{str(path)!r} is a checkpoint of disk buffer directory {str(where)!r}, which "
+            f"{'does not exist' if not where.exists() else 'is not a fastper disk buffer'}: "
+            "if the directory has moved, give it: "
+            "fastper.load(path, directory=...)"
+        )
+    buf, report = open_buffer(where, path, alpha=alpha, beta=beta)
     if not report.lossless:
         warnings.warn(
-            f"disk buffer {ref['directory']!r} reopened from {str(path)!r}: {report.recovered} "
+            f"disk buffer {str(where)!r} reopened from {str(path)!r}: {report.recovered} "
             f"rows added after the checkpoint re-admitted with the maximum priority, "
-            f"{report.torn} rows torn by an interrupted write (priority 0), "
-            f"{report.pending_dropped} pending n-step transitions dropped",
+            f"{report.torn} rows torn by an interrupted write dropped (never sampled until "
+            f"an add overwrites them), {report.pending_dropped} pending n-step transitions "
+            "dropped",
             RecoveryWarning,
             stacklevel=3,
         )

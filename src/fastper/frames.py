@@ -33,20 +33,23 @@ episode's first frame the stack is padded as Dopamine does, with zero frames
 Gymnasium's ``FrameStackObservation(padding_type="reset")``). Stacks come
 back as ``(batch, k, *frame_shape)``, oldest frame first.
 
-Validity. A transition is stored once its ``next_obs`` is written, so no
-stored transition waits for a frame. When the frame ring overwrites a frame
-that stored transitions still need, those transitions become invalid: the
-buffer gives them zero sampling mass (never drawn, not counted in the
-weights' N, updates to them dropped). Frames and transitions are both FIFO,
-so the invalid transitions are the oldest: every transition with a key below
-:attr:`FrameStore.valid_from` (each frame records the newest key that
-references it, and overwriting it moves ``valid_from`` past that key). With
-the default ``frame_capacity = capacity + capacity // 100 + 64`` this only
-happens when episodes average fewer than ~100 steps or many streams are
-idle; :attr:`invalid` counts the casualties.
+Validity, per transition. A transition is stored once its ``next_obs`` is
+written, so no stored transition waits for a frame. When the frame ring
+overwrites a frame that a stored transition still needs, that transition
+(and only it) becomes invalid: the buffer gives it zero sampling mass (never
+drawn, not counted in the weights' N, updates to it dropped; see
+:mod:`fastper.validity`). Streams interleave, so the transitions that lose a
+frame are not the oldest ones: an idle stream's transitions lose theirs while
+a busy stream's older ones keep all of theirs. Each transition is filed under
+the oldest frame its stacks need (a list per frame, newest first); when the
+ring overwrites a frame, :meth:`FrameStore.commit` returns the keys filed
+under it. With the default ``frame_capacity = capacity + capacity // 100 +
+64`` this only happens when episodes average fewer than ~100 steps or
+streams idle for a long time; :attr:`FrameStore.invalidated` counts the
+casualties.
 
-Costs. Per stored frame ``frame bytes + 16`` (prev link and newest
-reference); per transition two int64 ids; per stream 17 bytes. An add of
+Costs. Per stored frame ``frame bytes + 16`` (prev link and list head); per
+transition two int64 ids and 16 bytes of list links; per stream 17 bytes. An add of
 ``k`` rows: O(k log k) (the streams it touches, never all of them; a new
 stream costs O(streams) once), a compiled kernel, one byte comparison of
 each reused frame, and O(k * stack) to record which frames the stored
@@ -69,7 +72,8 @@ from .nstep import check_env_ids, check_vector_step, lookup_rows, sort_ids
 from .storage import Field
 
 PADS = ("zero", "repeat")
-STATE_FORMAT = 1
+_NO_KEYS = np.empty(0, dtype=np.int64)
+STATE_FORMAT = 2  # 1: with a validity watermark (read, converted by the buffer)
 
 
 def default_frame_capacity(capacity: int) -> int:
@@ -105,6 +109,7 @@ class FrameStore:
         n_envs: every add is one step of each of ``n_envs`` envs, or ``None``.
         autoreset: ``None`` or ``"next_step"`` (as the buffer's).
         done_keys: the fields that end an episode (terminated, truncated).
+        transitions: capacity of the transition ring (for the per-transition links).
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class FrameStore:
         n_envs: int | None = None,
         autoreset: str | None = None,
         done_keys: tuple[str, ...] = (),
+        transitions: int = 1,
     ) -> None:
         self.name, self.next_name = name, next_name
         self.field = field
@@ -133,9 +139,11 @@ class FrameStore:
         # one extra all-zero frame at the end: the padding, gathered like any frame
         self.frames = np.zeros((self.capacity + 1, *field.shape), dtype=field.dtype)
         self.prev = np.full(self.capacity, -1, dtype=np.int64)
-        self.last_ref = np.full(self.capacity, -1, dtype=np.int64)
+        # transitions filed under the oldest frame they need (see pop_refs)
+        self.transitions = check_int("capacity", transitions, minimum=1)
+        self.head_ref = np.full(self.capacity, -1, dtype=np.int64)
+        self.next_ref = np.full(self.transitions, -1, dtype=np.int64)
         self.added = 0  # frames ever written = the next frame's id
-        self.valid_from = 0  # transitions with a smaller key are invalid
         self.invalidated = 0  # transitions made invalid by overwritten frames, ever
         self._ids = np.empty(0, dtype=np.int64)  # stream ids, by stream row
         self._last = np.empty(0, dtype=np.int64)
@@ -152,7 +160,8 @@ class FrameStore:
     def nbytes(self) -> int:
         """Bytes held: the frame ring, its links and the stream table."""
         streams = self._ids.nbytes + self._last.nbytes + self._pend.nbytes
-        return int(self.frames.nbytes + self.prev.nbytes + self.last_ref.nbytes + streams)
+        links = self.head_ref.nbytes + self.next_ref.nbytes
+        return int(self.frames.nbytes + self.prev.nbytes + links + streams)
 
     @property
     def oldest(self) -> int:
@@ -263,8 +272,13 @@ class FrameStore:
                 "envs by hand, or give each env its own id (env_ids / n_envs)"
             )
 
-    def commit(self, plan: FramePlan) -> None:
-        """Write the planned frames and stream states. O(m); cannot fail."""
+    def commit(self, plan: FramePlan, key_base: int, added: int) -> np.ndarray:
+        """Write the planned frames and stream states. O(m); cannot fail.
+
+        ``key_base`` / ``added``: the transition ring's counters (see
+        :class:`~fastper.writer.RingWriter`). Returns the keys of the stored
+        transitions that needed an overwritten frame.
+        """
         m = plan.src.shape[0]
         cap = self.capacity
         if plan.new_streams:
@@ -276,37 +290,49 @@ class FrameStore:
         self._last[plan.touched] = plan.last
         self._pend[plan.touched] = plan.pend
         if m == 0:
-            return
+            return _NO_KEYS
         slots = (self.added + np.arange(m, dtype=np.int64)) % cap
+        lost = _NO_KEYS
         if self.added + m > cap:  # overwrites: transitions needing those frames go invalid
-            refs = self.last_ref[slots]
-            newest = int(refs.max())
-            if newest + 1 > self.valid_from:
-                self.valid_from = newest + 1
+            over = slots[: min(m, self.added + m - cap)]
+            out = np.empty(self.transitions, dtype=np.int64)
+            count = _fk.pop_refs(over, self.head_ref, self.next_ref, key_base, added,
+                                 self.transitions, out)  # fmt: skip
+            lost = out[:count]
         self.frames[slots] = plan.src
         self.prev[slots] = plan.new_prev
-        self.last_ref[slots] = -1
         self.added += m
+        return lost
 
-    def reference(self, obs_ids: np.ndarray, next_ids: np.ndarray, keys: np.ndarray) -> None:
-        """Record that the transitions ``keys`` (stored now) use these frames. O(m k).
+    def reference(
+        self, obs_ids: np.ndarray, next_ids: np.ndarray, keys: np.ndarray, key_base: int
+    ) -> np.ndarray:
+        """File the transitions ``keys`` (ascending, stored now in the ring whose last
+        clear was at ``key_base``) under the oldest frame they need. O(m k).
 
-        A transition needing a frame already overwritten is invalid at birth:
-        ``valid_from`` moves past it.
+        Returns the keys of those invalid at birth: a stack that reaches a frame
+        already overwritten (an idle stream's history) cannot be rebuilt.
         """
         m = keys.shape[0]
         if m == 0:
-            return
+            return _NO_KEYS
         heads = np.concatenate([obs_ids, next_ids])
         ids = np.empty((2 * m, self.stack), dtype=np.int64)
         ok = _fk.stack_ids(heads, self.prev, self.stack, self.oldest, self.capacity, False, ids)
-        kk = np.concatenate([keys, keys])
-        used = ids >= 0
-        np.maximum.at(
-            self.last_ref, ids[used] % self.capacity, np.broadcast_to(kk[:, None], ids.shape)[used]
-        )
-        if not ok.all():
-            self.valid_from = max(self.valid_from, int(kk[~ok].max()) + 1)
+        ok = ok[:m] & ok[m:]
+        # stacks are oldest first, padding (-1) before an episode's first frame
+        big = np.iinfo(np.int64).max
+        oldest = np.where(ids >= 0, ids, big).min(axis=1)
+        oldest = np.minimum(oldest[:m], oldest[m:])
+        keep = ok & (oldest < big)
+        _fk.push_refs(oldest[keep], keys[keep], self.head_ref, self.next_ref, self.capacity,
+                      key_base, self.transitions)  # fmt: skip
+        return keys[~keep]
+
+    def reset_refs(self) -> None:
+        """Forget every filed transition (before filing the stored ones again). O(N)."""
+        self.head_ref[:] = -1
+        self.next_ref[:] = -1
 
     def stacks(self, ids: np.ndarray) -> np.ndarray:
         """The stacked frames ``(len(ids), stack, *shape)`` ending at each id. O(B k)."""
@@ -331,10 +357,10 @@ class FrameStore:
         self._last = np.full_like(self._last, -1)
         self._pend = np.zeros_like(self._pend)
 
-    def clear(self, key_counter: int) -> None:
-        """Forget the streams' episodes; transitions before ``key_counter`` are gone."""
+    def clear(self) -> None:
+        """Forget the streams' episodes and the filed transitions (the buffer was emptied)."""
         self.end_episodes()
-        self.valid_from = max(self.valid_from, key_counter)
+        self.reset_refs()
 
     # -- state -------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -347,33 +373,45 @@ class FrameStore:
         return {
             "format": STATE_FORMAT,
             "added": self.added,
-            "valid_from": self.valid_from,
             "invalidated": self.invalidated,
             "frames": self.frames[:n],
             "prev": self.prev[:n],
-            "last_ref": self.last_ref[:n],
             "stream_ids": self._ids,
             "stream_last": self._last,
             "stream_pend": self._pend,
         }
 
+    @staticmethod
+    def watermark(state: Mapping[str, Any]) -> int:
+        """Of a format-1 state (a watermark for all streams): the key below which every
+        transition was invalid; 0 for later formats."""
+        if isinstance(state, Mapping) and state.get("format") == 1:
+            return check_int("valid_from", state.get("valid_from"), minimum=0)
+        return 0
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Check ``state`` (from :meth:`state_dict`), then take it. O(frames)."""
-        keys = {"format", "added", "valid_from", "invalidated", "frames", "prev", "last_ref",
+        """Check ``state`` (from :meth:`state_dict`), then take it. O(frames).
+
+        The filed transitions are not part of it: the buffer files its stored
+        valid transitions again (:meth:`reset_refs`, :meth:`reference`).
+        """
+        keys = {"format", "added", "invalidated", "frames", "prev",
                 "stream_ids", "stream_last", "stream_pend"}  # fmt: skip
+        fmt = state.get("format") if isinstance(state, Mapping) else None
+        if fmt == 1:
+            keys |= {"valid_from", "last_ref"}
         if not isinstance(state, Mapping) or set(state) != keys:
             have = sorted(state) if isinstance(state, Mapping) else type(state).__name__
             raise ValueError(f"frame state must have the entries {sorted(keys)}, got {have}")
-        if state["format"] != STATE_FORMAT:
-            raise ValueError(f"unknown frame state format {state['format']!r}")
+        if fmt not in (1, STATE_FORMAT):
+            raise ValueError(f"unknown frame state format {fmt!r}")
         added = check_int("frames added", state["added"], minimum=0)
-        valid_from = check_int("valid_from", state["valid_from"], minimum=0)
+        self.watermark(state)
         invalidated = check_int("invalidated", state["invalidated"], minimum=0)
         n = min(added, self.capacity)
         f = self.field
         checks: tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...] = (
             ("frames", f.dtype, (n, *f.shape)), ("prev", np.dtype(np.int64), (n,)),
-            ("last_ref", np.dtype(np.int64), (n,)),
         )  # fmt: skip
         for part, want, shape in checks:
             a = state[part]
@@ -398,7 +436,7 @@ class FrameStore:
         self.frames[:n] = state["frames"]
         self.frames[self.capacity] = 0
         self.prev[:n] = prev
-        self.last_ref[:n] = state["last_ref"]
-        self.added, self.valid_from, self.invalidated = added, valid_from, invalidated
+        self.reset_refs()
+        self.added, self.invalidated = added, invalidated
         self._ids, self._last, self._pend = ids.copy(), last.copy(), pend.copy()
         self._sorted = None

@@ -20,6 +20,13 @@ The limiter itself is pure arithmetic over two counters (deterministic, O(1)
 per call, testable without threads). :class:`RateLimitedBuffer` wraps a
 buffer with one: ``add`` and ``sample`` block while their side is ahead (with
 a timeout), check and act atomically, and a call that raises changes nothing.
+As in Reverb's tables, the limiter decides inside the lock and the draw is
+made there too (indices, keys, weights: one atomic step with the decision);
+the rows are read after the lock is released, so a sample reading from disk
+or a slower tier never holds up the actors' ``add``. Settings that could
+never let a call through (``min_size_to_sample`` above the buffer's
+capacity, a batch wider than the limiter's range) are refused at once
+rather than waited on.
 In a single-threaded loop nothing can unblock a waiting call, so ask first::
 
     rb = RateLimitedBuffer(buffer, RateLimiter(samples_per_insert=8.0,
@@ -40,7 +47,10 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._validation import check_int, check_real, show
+import numpy as np
+
+from ._validation import check_int, check_real, show, to_numpy
+from .batch import SampleBatch, check_batch_size
 from .errors import FastPERError
 
 __all__ = ["RateLimitTimeout", "RateLimitedBuffer", "RateLimiter", "RateLimiterCancelled"]
@@ -156,6 +166,31 @@ class RateLimiter:
             math.isinf(self.min_diff) or math.isinf(self.max_diff)
         )
 
+    def admits_insert(self, count: int) -> bool:
+        """Whether an insert of ``count`` can ever pass once stage 1 is over.
+
+        Samples never take ``diff`` below ``min_diff``, so an insert that
+        adds more than the range's width, ``count * samples_per_insert >
+        max_diff - min_diff``, would wait for ever (split such a batch).
+        """
+        width = self.max_diff - self.min_diff
+        return math.isinf(width) or count * self.samples_per_insert <= width + 1e-9
+
+    def check_capacity(self, capacity: int) -> None:
+        """Refuse a buffer of ``capacity`` slots that could never hold ``min_size_to_sample``.
+
+        Raises:
+            ValueError: ``min_size_to_sample > capacity``: every sample would
+                wait for ever.
+        """
+        cap = check_int("capacity", capacity, minimum=1)
+        if self.min_size_to_sample > cap:
+            raise ValueError(
+                f"`min_size_to_sample` must be <= the buffer's capacity {cap}, got "
+                f"min_size_to_sample={self.min_size_to_sample}: the buffer never holds more "
+                f"than {cap} transitions, so every sample would wait for ever"
+            )
+
     def record_insert(self, count: int) -> None:
         """Count ``count`` transitions inserted."""
         self.inserts += int(count)
@@ -225,32 +260,83 @@ class RateLimitedBuffer:
 
     ``add`` counts the transitions it stored (with n-step, the windows it
     completed) and waits on the rows it was given; ``sample(B)`` counts B.
-    Check, call and count happen under one lock, so concurrent actors and
-    learners cannot overshoot the range together. ``update_priorities`` and
-    everything else pass through unlimited (``rb.buffer`` is the buffer).
+    The limiter's decision and the buffer's change (the rows written, or
+    the draw: indices, keys, weights) happen under one lock, so concurrent
+    actors and learners cannot overshoot the range together. A buffer with
+    ``draw`` and ``gather`` (fastper's CPU buffers) has its rows read after
+    that lock is released: a slow read (disk, a compressed tier) holds up
+    no ``add``. A row whose slot was overwritten between the draw and the
+    read is drawn again, so every row returned is the transition its key
+    names; rows drawn again carry the weights of their own draw. A buffer
+    without them is sampled whole under the lock.
+
+    ``update_priorities`` and everything else pass through unlimited
+    (``rb.buffer`` is the buffer; ``rb.buffer`` and ``rb.limiter`` may be
+    replaced, and are checked against each other as at construction).
     A call that waits past its timeout or is cancelled leaves the buffer,
     its generator and the counters untouched.
+
+    Raises:
+        TypeError: ``limiter`` is not a :class:`RateLimiter`, or ``buffer``
+            not a buffer.
+        ValueError: ``min_size_to_sample`` above the buffer's capacity (every
+            sample would wait for ever), or a bad ``timeout``.
     """
 
     def __init__(self, buffer: Any, limiter: RateLimiter, *, timeout: float | None = None) -> None:
-        if not isinstance(limiter, RateLimiter):
-            raise TypeError(f"`limiter` must be a RateLimiter, got limiter={show(limiter)}")
-        for name in ("add", "sample", "__len__"):
-            if not callable(getattr(buffer, name, None)):
-                raise TypeError(f"`buffer` must be a fastper buffer, got buffer={show(buffer)}")
-        self.buffer = buffer
-        self.limiter = limiter
-        self.timeout = self._check_timeout(timeout)
         self._cond = threading.Condition(threading.Lock())
+        self._attach(buffer, limiter)
+        self.timeout = self._check_timeout(timeout)
         self._cancelled = False
         self._stats = {"insert_waits": 0, "insert_wait_s": 0.0, "sample_waits": 0,
-                       "sample_wait_s": 0.0}  # fmt: skip
+                       "sample_wait_s": 0.0, "redrawn_rows": 0}  # fmt: skip
 
     @staticmethod
     def _check_timeout(timeout: Any) -> float | None:
         if timeout is None:
             return None
         return check_real("timeout", timeout, minimum=0.0)
+
+    # -- the buffer and the limiter, checked against each other ------------------
+    def _attach(self, buffer: Any, limiter: Any) -> None:
+        """Check ``buffer`` and ``limiter`` together, then use them. O(fields)."""
+        if not isinstance(limiter, RateLimiter):
+            raise TypeError(f"`limiter` must be a RateLimiter, got limiter={show(limiter)}")
+        for name in ("add", "sample", "__len__"):
+            if not callable(getattr(buffer, name, None)):
+                raise TypeError(f"`buffer` must be a fastper buffer, got buffer={show(buffer)}")
+        capacity = getattr(buffer, "capacity", None)
+        if isinstance(capacity, int | np.integer) and not isinstance(capacity, bool):
+            limiter.check_capacity(int(capacity))
+        self._buffer = buffer
+        self._limiter = limiter
+        # draw under the lock, read the rows after it (buffers that can)
+        self._split = callable(getattr(buffer, "draw", None)) and callable(
+            getattr(buffer, "gather", None)
+        )
+        self._row_nbytes = _row_nbytes(buffer)
+
+    @property
+    def buffer(self) -> Any:
+        """The buffer wrapped; settable (checked against :attr:`limiter`)."""
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, buffer: Any) -> None:
+        with self._cond:
+            self._attach(buffer, self._limiter)
+            self._cond.notify_all()
+
+    @property
+    def limiter(self) -> RateLimiter:
+        """The rate limiter; settable (checked against :attr:`buffer`)."""
+        return self._limiter
+
+    @limiter.setter
+    def limiter(self, limiter: RateLimiter) -> None:
+        with self._cond:
+            self._attach(self._buffer, limiter)
+            self._cond.notify_all()
 
     # -- the two limited calls ---------------------------------------------------
     def add(
@@ -264,15 +350,26 @@ class RateLimitedBuffer:
         """``buffer.add`` once the limiter lets ``k`` inserts through (k = rows given).
 
         Raises:
+            ValueError: ``k`` rows can never pass this limiter (``k *
+                samples_per_insert`` exceeds its range; split the batch).
             RateLimitTimeout: still blocked after ``timeout`` seconds.
             RateLimiterCancelled: :meth:`cancel` was called.
             Whatever ``buffer.add`` raises (then nothing is counted).
         """
-        rows = _row_count(self.buffer, transition)
         with self._cond:
-            self._wait("insert", lambda: self.limiter.can_insert(rows, len(self.buffer)), timeout)
-            slots = self.buffer.add(transition, priorities, env_ids=env_ids)
-            self.limiter.record_insert(len(slots))
+            buffer, lim = self._buffer, self._limiter
+            rows = _row_count(buffer, transition)
+            if not lim.can_insert(rows, len(buffer)) and not lim.admits_insert(rows):
+                raise ValueError(
+                    f"a batch of {rows} inserts can never pass this rate limiter: rows * "
+                    f"samples_per_insert = {rows * lim.samples_per_insert:g} exceeds the width "
+                    f"{lim.max_diff - lim.min_diff:g} of its range [{lim.min_diff:g}, "
+                    f"{lim.max_diff:g}]; add smaller batches or widen error_buffer"
+                )
+            self._wait("insert", lambda: self._limiter.can_insert(rows, len(self._buffer)), timeout)
+            buffer, lim = self._buffer, self._limiter  # either may have been replaced meanwhile
+            slots = buffer.add(transition, priorities, env_ids=env_ids)
+            lim.record_insert(len(slots))
             self._cond.notify_all()
         return slots
 
@@ -281,35 +378,88 @@ class RateLimitedBuffer:
     ) -> Any:
         """``buffer.sample`` once the limiter lets ``batch_size`` samples through.
 
+        The draw is made under the limiter's lock, the rows read after it
+        (see the class). O(B log N) plus the rows' read.
+
         Raises:
-            ValueError: the limiter's range is too narrow to ever admit a batch
-                of ``batch_size`` (widen ``error_buffer``).
+            ValueError: ``batch_size`` too large for this machine's memory
+                (see :func:`fastper.batch.check_batch_size`), or the
+                limiter's range too narrow to ever admit a batch of that
+                size (widen ``error_buffer``).
             RateLimitTimeout, RateLimiterCancelled: as for :meth:`add`.
+            Whatever the buffer's sampling raises (then nothing is counted).
         """
-        b = check_int("batch_size", batch_size, minimum=1)
-        if not self.limiter.admits_batch(b):
-            lim = self.limiter
-            raise ValueError(
-                f"a batch of {b} can never pass this rate limiter: its range [{lim.min_diff:g}, "
-                f"{lim.max_diff:g}] must be at least batch_size + samples_per_insert = "
-                f"{b + lim.samples_per_insert:g} wide; widen error_buffer"
-            )
+        b = check_batch_size(batch_size, self._row_nbytes)
         with self._cond:
-            self._wait("sample", lambda: self.limiter.can_sample(b, len(self.buffer)), timeout)
-            batch = self.buffer.sample(b, beta)
-            self.limiter.record_sample(b)
+            buffer, lim = self._buffer, self._limiter
+            if not lim.admits_batch(b):
+                raise ValueError(
+                    f"a batch of {b} can never pass this rate limiter: its range "
+                    f"[{lim.min_diff:g}, {lim.max_diff:g}] must be at least batch_size + "
+                    f"samples_per_insert = {b + lim.samples_per_insert:g} wide; widen "
+                    "error_buffer"
+                )
+            self._wait("sample", lambda: self._limiter.can_sample(b, len(self._buffer)), timeout)
+            buffer, lim = self._buffer, self._limiter  # either may have been replaced meanwhile
+            if not self._split:
+                batch = buffer.sample(b, beta)
+                lim.record_sample(b)
+                self._cond.notify_all()
+                return batch
+            drawn = buffer.draw(b, beta)  # one atomic step with the decision
+            lim.record_sample(b)
             self._cond.notify_all()
-        return batch
+        try:
+            return self._read(buffer, drawn, beta)
+        except BaseException:
+            with self._cond:  # nothing was handed out: give the samples back
+                lim.record_sample(-b)
+                self._cond.notify_all()
+            raise
+
+    def _read(self, buffer: Any, drawn: Any, beta: float | None) -> SampleBatch:
+        """The rows of ``drawn``, read without the limiter's lock; overwritten ones drawn again.
+
+        O(B) plus the read; each further round reads only the rows that were
+        overwritten. After :data:`_REDRAW_ROUNDS` rounds the rest is sampled
+        whole by the buffer (draw and read under its own lock).
+        """
+        b = int(np.shape(drawn.indices)[0])
+        again_beta = getattr(drawn, "beta", None)
+        again_beta = beta if again_beta is None else again_beta
+        data, fresh = _gathered(buffer, drawn.indices, drawn.keys, b)
+        idx, keys = drawn.indices, drawn.keys
+        prob, weights = drawn.probabilities, drawn.weights
+        stale = np.flatnonzero(~fresh)
+        if stale.size:
+            with self._cond:
+                self._stats["redrawn_rows"] += int(stale.size)
+            idx, keys, prob, weights = (np.array(a, copy=True) for a in (idx, keys, prob, weights))
+            parts = (idx, keys, prob, weights)
+            for _ in range(_REDRAW_ROUNDS):
+                again = buffer.draw(int(stale.size), again_beta)
+                got, ok = _gathered(buffer, again.indices, again.keys, int(stale.size))
+                new = (again.indices, again.keys, again.probabilities, again.weights)
+                data = _place(data, stale[ok], got, np.flatnonzero(ok), parts, new)
+                stale = stale[~ok]
+                if not stale.size:
+                    break
+            else:
+                last = buffer.sample(int(stale.size), again_beta)  # rows and keys agree
+                every = np.arange(stale.size)
+                new = (last.indices, last.keys, last.probabilities, last.weights)
+                data = _place(data, stale, last.data, every, parts, new)
+        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
 
     def can_insert(self, count: int = 1) -> bool:
         """Whether ``count`` inserts would go ahead without waiting now."""
         with self._cond:
-            return self.limiter.can_insert(count, len(self.buffer))
+            return self._limiter.can_insert(count, len(self._buffer))
 
     def can_sample(self, batch_size: int = 1) -> bool:
         """Whether a batch of ``batch_size`` would be sampled without waiting now."""
         with self._cond:
-            return self.limiter.can_sample(batch_size, len(self.buffer))
+            return self._limiter.can_sample(batch_size, len(self._buffer))
 
     def _wait(self, side: str, ready: Callable[[], bool], timeout: float | None) -> None:
         """Wait (holding the condition) until ``ready()``; raise on timeout or cancel."""
@@ -352,7 +502,8 @@ class RateLimitedBuffer:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Counters and waits: inserts, samples, diff, and per side how often / how long calls waited."""
+        """Counters and waits: inserts, samples, diff, per side how often / how long calls
+        waited, and ``redrawn_rows``: rows drawn again, their slot overwritten during the read."""
         with self._cond:
             lim = self.limiter
             return {"inserts": lim.inserts, "samples": lim.samples, "diff": lim.diff,
@@ -367,18 +518,68 @@ class RateLimitedBuffer:
 
     def __getattr__(self, name: str) -> Any:
         # everything else (save, beta, priorities, ...) is the buffer's own
-        if name in ("buffer", "limiter"):
+        if name.startswith("_") or name in ("buffer", "limiter"):
             raise AttributeError(name)
-        return getattr(self.buffer, name)
+        return getattr(self._buffer, name)
 
     def __repr__(self) -> str:
         return f"RateLimitedBuffer({self.buffer!r}, {self.limiter!r})"
 
 
+#: rounds of drawing again the rows overwritten during a read, before the rest
+#: is sampled whole by the buffer
+_REDRAW_ROUNDS = 3
+
+
+def _row_nbytes(buffer: Any) -> int:
+    """Bytes of one stored row of ``buffer`` (0 when it does not say). O(fields)."""
+    fields = getattr(buffer, "fields", None)
+    if not isinstance(fields, Mapping):
+        return 0
+    return int(sum(int(getattr(f, "nbytes_per_item", 0)) for f in fields.values()))
+
+
+def _gathered(buffer: Any, indices: Any, keys: Any, n: int) -> tuple[dict[str, Any], np.ndarray]:
+    """``buffer.gather(indices, keys)``: the rows and their fresh mask (n bools). O(n) plus the read.
+
+    ``gather`` returns a pair ``(rows, fresh)`` (e.g. a :class:`~fastper.batch.Gathered`):
+    ``fresh`` is False where the slot was overwritten since the draw.
+    """
+    data, fresh = buffer.gather(indices, keys)
+    mask = to_numpy(fresh)
+    if mask.shape != (n,) or mask.dtype != np.bool_:
+        raise TypeError(
+            f"`buffer.gather` must return the rows and a bool mask of {n} entries, got a mask "
+            f"{show(mask)}"
+        )
+    return dict(data), mask
+
+
+def _place(
+    data: dict[str, Any],
+    to: np.ndarray,
+    rows: Mapping[str, Any],
+    source: np.ndarray,
+    parts: tuple[np.ndarray, ...],
+    new: tuple[Any, ...],
+) -> dict[str, Any]:
+    """Put rows ``source`` of ``rows`` / ``new`` at positions ``to`` of ``data`` / ``parts``.
+
+    O(len(to)) per field: no Python loop over rows.
+    """
+    if not to.size:
+        return data
+    for name, column in data.items():
+        if not getattr(getattr(column, "flags", None), "writeable", True):
+            column = data[name] = np.array(column, copy=True)
+        column[to] = rows[name][source]
+    for part, values in zip(parts, new, strict=True):
+        part[to] = np.asarray(values)[source]
+    return data
+
+
 def _row_count(buffer: Any, transition: Mapping[str, Any]) -> int:
     """Rows in ``transition`` for ``buffer``'s fields (1 for a single transition). O(fields)."""
-    import numpy as np
-
     from .storage import row_count
 
     fields = getattr(buffer, "fields", None)

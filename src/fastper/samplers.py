@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from . import policy as _policy
 from ._kernels import prioritized as _pk
 from ._kernels import rank as _rk
 from ._kernels import ring as _ring
@@ -37,7 +38,7 @@ from ._kernels import tree as _tk
 from .errors import ZeroPriorityError
 from .trees import SumTree
 
-NORM_CODES = {"buffer": 0, "batch": 1, "none": 2}
+NORM_CODES = _policy.NORM_CODES
 
 
 def slot_keys(idx: np.ndarray, key_base: int, added: int, capacity: int) -> np.ndarray:
@@ -72,13 +73,9 @@ def copy_priorities(raw: np.ndarray, n: int, out: np.ndarray | None) -> np.ndarr
 
 
 def _normalised_weights(
-    prob: np.ndarray, pmin: float, n: int, beta: float, norm: int
+    masses: np.ndarray, total: float, min_mass: float, n: int, beta: float, norm: int
 ) -> np.ndarray:
-    if norm == 0:
-        return np.power(prob / pmin, -beta)
-    if norm == 1:
-        return np.power(prob / prob.min(), -beta)
-    return np.power(n * prob, -beta)
+    return _policy.is_weights(masses, total, min_mass, n, beta, _policy.NORMS[norm])
 
 
 def check_priority_array(name: str, p: Any, n: int) -> np.ndarray:
@@ -164,7 +161,9 @@ class Sampler:
     ) -> float:  # fmt: skip
         """Validate an update, drop stale entries, write the rest (see
         :func:`fastper._kernels.ring.td_priorities` for ``status``); returns
-        the largest priority written."""
+        the largest priority written. The largest priority allowed is
+        :meth:`priority_limit` (a subclass may lower it), here and in
+        :meth:`check_priorities`."""
         b = idx.shape[0]
         out_idx = np.empty(b, dtype=np.int64)
         out_p = np.empty(b, dtype=np.float64)
@@ -183,6 +182,16 @@ class Sampler:
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)
+
+    def invalidate(self, slots: np.ndarray, n: int) -> None:
+        """Give distinct stored ``slots`` zero mass: never drawn until written as new.
+
+        ``n``: the stored slots are ``0 .. n-1``. O(B log N).
+        """
+        self.write(slots, np.zeros(slots.shape[0]))
+
+    def all_valid(self) -> None:
+        """Every stored slot is valid again (an index kept for invalid slots may go). O(1)."""
 
     def check_sampleable(self, n: int) -> None:
         """Raise if nothing can be drawn (only proportional can refuse)."""
@@ -271,26 +280,67 @@ class Sampler:
 
 
 class UniformSampler(Sampler):
-    """P(i) = 1/N; every weight is 1. Priorities are kept but not used."""
+    """P(i) = 1/N over the valid slots; every weight is 1. Priorities are kept but not used.
+
+    While every stored slot is valid, the index is implicit (slot ``floor(t)``
+    under point ``t``). Once a slot is invalidated, a count tree (a
+    :class:`~fastper.SumTree` of 1 per valid slot) holds the mass: writes then
+    cost O(log N) more, until no invalid slot is left.
+    """
 
     kind = "uniform"
+
+    def __init__(self, capacity: int, alpha: float, raw_leaves: np.ndarray | None = None) -> None:
+        super().__init__(capacity, alpha, raw_leaves)
+        self.count: SumTree | None = None
+        self._unit = np.ones(0)
+
+    def _ones(self, k: int) -> np.ndarray:
+        if self._unit.shape[0] < k:
+            self._unit = np.ones(k)
+        return self._unit[:k]
+
+    def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
+        super().write(slots, p, new)
+        if new and self.count is not None:
+            self.count.set(slots, self._ones(slots.shape[0]))
+
+    def invalidate(self, slots: np.ndarray, n: int) -> None:
+        if self.count is None:
+            self.count = SumTree(self.capacity)
+            self.count.set(np.arange(n, dtype=np.int64), self._ones(n))
+        self.count.set(slots, np.zeros(slots.shape[0]))
+
+    def all_valid(self) -> None:
+        """No slot is invalid any more: drop the count tree. O(1)."""
+        self.count = None
+
+    def clear(self) -> None:
+        super().clear()
+        self.count = None
+
+    def reset_priorities(self, p: np.ndarray, n: int) -> None:
+        super().reset_priorities(p, n)
+        self.count = None  # every slot valid; the buffer invalidates again what is not
+
+    def _find(self, targets: np.ndarray, n: int) -> np.ndarray:
+        if self.count is None:
+            return np.minimum(targets.astype(np.int64), n - 1)
+        return self.count.find(targets)
 
     def sample(
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         b = u.shape[0]
-        if stratified:
-            pos = (np.arange(b, dtype=np.float64) + u) * (n / b)
-        else:
-            pos = u * n
-        idx = np.minimum(pos.astype(np.int64), n - 1)
+        positions = np.arange(b, dtype=np.float64) if stratified else None
+        idx = self._find(_policy.stratified_targets(u, float(n), positions), n)
         prob = np.full(b, 1.0 / n)
         keys = slot_keys(idx, key_base, added, self.capacity)
         return idx, prob, np.ones(b, dtype=np.float64), keys
 
     def mass_find(self, targets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.minimum(targets.astype(np.int64), n - 1)  # unit mass per slot
+        idx = self._find(targets, n)  # unit mass per valid slot
         return idx, np.ones(idx.shape[0], dtype=np.float64)
 
     def mass_stats(self, n: int) -> tuple[float, float]:
@@ -563,6 +613,14 @@ class RankSampler(Sampler):
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
         self._run(lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count)
 
+    def invalidate(self, slots: np.ndarray, n: int) -> None:
+        """Take distinct ``slots`` out of the order: never drawn until written as new. O(B log N)."""
+        t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
+        if _rk.remove(*t, ranked, raw, pending, slots) < 0:  # pragma: no cover - only a bug
+            raise RuntimeError("the rank tree is corrupt: internal error, please report it")
+        self._sample[0] = 0  # the last sample's paths may cross the changed leaves
+        self._seg_cache = None
+
     def set_alpha(self, alpha: float, n: int) -> None:
         """New alpha: the ranks stay, their weights are recomputed. O(N)."""
         self.alpha = float(alpha)
@@ -691,7 +749,8 @@ class RankSampler(Sampler):
             pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
         self._sample[0] = b  # their paths: an update of these slots need not route
         self._sample[1] = self._meta[_rk.VERSION]
-        weights = _normalised_weights(prob, pmin, n, beta, norm)
+        # rank weights: probabilities are the masses (total 1)
+        weights = _normalised_weights(prob, 1.0, pmin, n, beta, norm)
         return idx, prob, weights, slot_keys(idx, key_base, added, self.capacity)
 
     # -- whole-state operations ------------------------------------------------------

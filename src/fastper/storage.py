@@ -269,7 +269,11 @@ class ReplayStorage(Protocol):
     :class:`fastper.disk.DiskStorage`) has ``reference_state(n, cursor)``,
     a JSON-able dict that ``save`` writes instead of the rows (and that its
     ``load_state_dict`` accepts back); a storage that fails to write (a full
-    disk) raises before the buffer advances anything.
+    disk) raises before the buffer advances anything. ``gather_can_fail``
+    (default True): False promises that ``gather`` of written slots cannot
+    raise, so ``sample`` need not keep the random state to restore it. A
+    storage that places its rows by sampling mass implements
+    :class:`PlacedByMass` as well.
     """
 
     fields: dict[str, Field]
@@ -316,6 +320,24 @@ class ReplayStorage(Protocol):
         ...
 
 
+@runtime_checkable
+class PlacedByMass(Protocol):
+    """A storage that places its rows by sampling mass (a tiered storage).
+
+    After a sample, when ``wants_masses`` is True, the buffer hands it the
+    mass under every aligned chunk of ``mass_chunk_size`` slots
+    (``rebalance(masses)``). Recognised once, when the buffer is built.
+    """
+
+    @property
+    def mass_chunk_size(self) -> int: ...
+
+    @property
+    def wants_masses(self) -> bool: ...
+
+    def rebalance(self, masses: Any) -> None: ...
+
+
 class Storage:
     """Columnar storage in RAM: one preallocated numpy array per field.
 
@@ -328,6 +350,8 @@ class Storage:
             ``{name: {"shape": ..., "dtype": ...}}``; a bare dtype is a scalar.
         capacity: number of slots.
     """
+
+    gather_can_fail = False  # numpy takes of written slots
 
     def __init__(self, fields: Mapping[str, FieldLike], capacity: int) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)

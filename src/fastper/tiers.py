@@ -732,7 +732,7 @@ class TieredStorage:
     def wants_masses(self) -> bool:
         """True once ``rebalance_every`` gathers passed since the last rebalance. O(1).
 
-        The buffer's hook: ``_Buffer.sample`` then calls
+        The buffer calls, after a sample (see :class:`fastper.storage.PlacedByMass`),
         ``rebalance(sampler.chunk_masses(mass_chunk_size, len(buffer)))``.
         """
         return self._gathers_since >= self.rebalance_every

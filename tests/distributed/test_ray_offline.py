@@ -101,12 +101,19 @@ def test_limiter_actor_blocks_the_side_ahead_and_wakes_it() -> None:
 
 
 def test_limiter_actor_counts_size_up_to_the_capacity() -> None:
+    # a minimum size above the capacity could never be reached: refused, not waited on
+    with pytest.raises(ValueError, match="min_size_to_sample"):
+        RateLimiterActor(1.0, 10, None, capacity=4)
+
     async def scenario() -> None:
-        lim = RateLimiterActor(1.0, 10, None, capacity=4)  # min size above capacity: never
-        await lim.await_insert(8)
-        await lim.settle_insert(8)
-        with pytest.raises(RateLimitTimeout):
+        lim = RateLimiterActor(1.0, 4, None, capacity=4)
+        await lim.await_insert(3)
+        await lim.settle_insert(3)
+        with pytest.raises(RateLimitTimeout):  # 3 landed: below the minimum of 4
             await lim.await_sample(1, timeout=0.01)
+        await lim.await_insert(5)
+        await lim.settle_insert(5)  # 8 inserts, counted as min(8, capacity) = 4: enough
+        await lim.await_sample(1, timeout=1.0)
 
     asyncio.run(scenario())
 

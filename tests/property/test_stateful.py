@@ -164,10 +164,11 @@ class BufferMachine(RuleBasedStateMachine):
         seed=st.integers(min_value=0, max_value=2**32 - 1),
     )
     def setup(self, capacity: int, stratified: bool, seed: int) -> None:
+        alpha = {} if self.buffer_cls is fastper.ReplayBuffer else {"alpha": ALPHA0}
         self.buf = self.buffer_cls(
             capacity,
             FIELDS,
-            alpha=ALPHA0,
+            **alpha,
             beta=BETA0,
             eps=EPS,
             clip=CLIP,
@@ -180,7 +181,7 @@ class BufferMachine(RuleBasedStateMachine):
         self.next_key = 0
         self.max_p = 1.0
         self.stale = 0
-        self.alpha = ALPHA0
+        self.alpha = self.buf.alpha  # uniform replay keeps alpha 1 (it refuses one given)
 
     @rule(prio=st.one_of(st.none(), PRIORITY), scalar=st.booleans())
     def add_one(self, prio: float | None, scalar: bool) -> None:

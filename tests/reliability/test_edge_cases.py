@@ -188,8 +188,9 @@ def _near_2_31_child(conn) -> None:  # runs in a forked child
         for cap, cls in ((2**31 - 1, fastper.ReplayBuffer),
                          (2**31 + 5, fastper.PrioritizedReplayBuffer)):  # fmt: skip
             # weight_norm="batch": no min tree, whose inf fill would touch 2.3 GiB
-            buf = cls(cap, fields, alpha=1.0, beta=1.0, seed=0, stratified=False,
-                      weight_norm="batch")
+            alpha = {} if cls is fastper.ReplayBuffer else {"alpha": 1.0}
+            buf = cls(cap, fields, beta=1.0, seed=0, stratified=False, weight_norm="batch",
+                      **alpha)  # fmt: skip
             # the state after 2 full rings and cap - 3 more adds: key counter ~3 * 2^31
             before = 3 * cap - 3
             buf._writer.load_state_dict(

@@ -72,7 +72,9 @@ def _make(kind: str, storage: Any = None) -> Any:
         "rank": fastper.RankBasedReplayBuffer,
     }[kind]
     extra = {"sort_every": 4} if kind == "rank" else {}
-    return cls(CAPACITY, FIELDS, alpha=0.7, beta=0.5, seed=3, storage=storage, **extra)
+    if kind != "uniform":  # uniform replay has no alpha
+        extra["alpha"] = 0.7
+    return cls(CAPACITY, FIELDS, beta=0.5, seed=3, storage=storage, **extra)
 
 
 class Adder:

@@ -356,7 +356,8 @@ def test_stratified_batches_come_back_in_random_order(kind):
     n, b = 12, 4  # equal masses: slice j holds exactly the slots 3j .. 3j+2
     cls = {"uniform": fastper.ReplayBuffer, "proportional": fastper.PrioritizedReplayBuffer,
            "rank": fastper.RankBasedReplayBuffer}[kind]  # fmt: skip
-    buf = cls(n, FIELDS, alpha=0.0, seed=SEED)  # alpha 0: every slot (and rank) weighs 1
+    # alpha 0: every slot (and rank) weighs 1; uniform replay has no alpha
+    buf = cls(n, FIELDS, seed=SEED, **({} if kind == "uniform" else {"alpha": 0.0}))
     buf.add(_data(n))
     slot_of_rank = np.arange(n)  # uniform and alpha 0: the law is uniform over slots
     where = np.zeros((b, b), dtype=np.int64)  # [slice, position]
@@ -383,7 +384,8 @@ def test_independent_draws_are_not_stratified(kind):
         "proportional": fastper.PrioritizedReplayBuffer,
         "rank": fastper.RankBasedReplayBuffer,
     }[kind]
-    buf = cls(8, FIELDS, alpha=1.0, stratified=False, seed=SEED)
+    alpha = {} if kind == "uniform" else {"alpha": 1.0}
+    buf = cls(8, FIELDS, stratified=False, seed=SEED, **alpha)
     buf.add(_data(8), priorities=p)
     full = {
         "uniform": np.full(8, 1 / 8),

@@ -690,8 +690,15 @@ def test_all_zero_priorities_raise_for_any_alpha(alpha) -> None:
 def test_bad_construction(cls, kwargs, exc, match) -> None:
     kw = {"capacity": 8, **kwargs}
     capacity = kw.pop("capacity")
+    if cls is ReplayBuffer and "alpha" in kw:  # uniform replay refuses any alpha
+        match = "`alpha` has no effect on uniform replay"
     with pytest.raises(exc, match=match):
         cls(capacity, CARTPOLE_FIELDS, **kw)
+
+
+def test_uniform_replay_refuses_alpha() -> None:
+    with pytest.raises(ValueError, match="`alpha` has no effect on uniform replay"):
+        ReplayBuffer(8, CARTPOLE_FIELDS, alpha=0.6)
 
 
 # --------------------------------------------------------------------------- threads

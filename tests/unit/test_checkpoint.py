@@ -329,7 +329,9 @@ def test_schedules_round_trip(sched, kind, tmp_path):
         "proportional": fastper.PrioritizedReplayBuffer,
         "rank": fastper.RankBasedReplayBuffer,
     }[kind]
-    original = cls(16, CARTPOLE_FIELDS, alpha=alpha, beta=beta, seed=11)
+    # uniform replay refuses alpha: its state keeps the constant 1
+    kw = {} if kind == "uniform" else {"alpha": alpha}
+    original = cls(16, CARTPOLE_FIELDS, beta=beta, seed=11, **kw)
     original.add(make_batch(10))
     for _ in range(5):
         s = original.sample(4)
@@ -337,10 +339,11 @@ def test_schedules_round_trip(sched, kind, tmp_path):
     path = tmp_path / f"{sched}.fpk"
     original.save(path)
     meta = fastper.read_metadata(path)
-    assert meta["state"]["schedules"]["alpha"]["kind"] == sched
+    assert meta["state"]["schedules"]["alpha"]["kind"] == ("constant" if kind == "uniform" else sched)
     assert meta["state"]["schedules"]["beta"]["kind"] == sched
     loaded = fastper.load(path)
-    assert loaded._alpha_schedule == alpha and loaded._beta_schedule == beta
+    assert loaded._alpha_schedule == original._alpha_schedule
+    assert loaded._beta_schedule == beta
     assert loaded.step == original.step == 5
     assert (loaded.alpha, loaded.beta) == (original.alpha, original.beta)
     _lockstep(original, loaded, rounds=14, batch=4)  # runs past every breakpoint

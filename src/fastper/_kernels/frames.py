@@ -116,3 +116,44 @@ def stack_ids(heads, prev, stack, oldest, capacity, repeat, out):  # pragma: no 
             else:
                 out[i, j] = first if repeat else -1
     return ok
+
+
+@njit(cache=True, nogil=True)
+def push_refs(oldest, keys, head_ref, next_ref, fcap, key_base, tcap):  # pragma: no cover
+    """Record that transition ``keys[i]`` needs frames back to frame ``oldest[i]``.
+
+    Per frame slot, ``head_ref`` holds the newest key whose oldest frame it
+    is; per transition slot (``(key - key_base) % tcap``, the buffer's ring),
+    ``next_ref`` the next older key with the same oldest frame. ``keys``
+    ascend, so every list runs newest to oldest. O(len(keys)).
+    """
+    for i in range(keys.shape[0]):
+        t = keys[i]
+        fs = oldest[i] % fcap
+        next_ref[(t - key_base) % tcap] = head_ref[fs]
+        head_ref[fs] = t
+
+
+@njit(cache=True, nogil=True)
+def pop_refs(frame_slots, head_ref, next_ref, key_base, added, tcap, out):  # pragma: no cover
+    """The keys of the stored transitions that need the frames in ``frame_slots``,
+    which are being overwritten; empties those lists. Returns how many keys were
+    written to ``out`` (one per transition slot is enough).
+
+    A list is walked newest to oldest and stops at the first key the ring no
+    longer stores (keys below ``max(key_base, added - tcap)``): every older one
+    has left too, and its link slot may belong to a newer transition. Only
+    stored transitions were ever linked, so a stored key's link is its own.
+    O(keys found + len(frame_slots)).
+    """
+    lo = max(key_base, added - tcap)
+    m = 0
+    for j in range(frame_slots.shape[0]):
+        fs = frame_slots[j]
+        t = head_ref[fs]
+        head_ref[fs] = -1
+        while t >= lo and t < added:
+            out[m] = t
+            m += 1
+            t = next_ref[(t - key_base) % tcap]
+    return m

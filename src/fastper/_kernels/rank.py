@@ -815,6 +815,31 @@ def write_run(
 
 
 @njit(**_HOT)
+def remove(meta, lp, ls, ip, isl, ic, ich, inn, ranked, raw, pending, slots):  # pragma: no cover
+    """Take ``slots`` out of the order (slots not in it are skipped): they cannot be
+    drawn until a write ranks them again. Their raw priority becomes 0 and a
+    pending re-ranking is dropped. O(B log N).
+
+    Returns how many slots left the order, or -1 if the tree was found corrupt.
+    """
+    out = 0
+    for k in range(slots.shape[0]):
+        s = slots[k]
+        old = ranked[s]
+        if old >= 0.0:
+            if not _delete(meta, lp, ls, ip, isl, ic, ich, inn, old, s):
+                return -1
+            ranked[s] = -1.0
+            out += 1
+        if pending[s]:
+            pending[s] = False
+            meta[PCOUNT] -= 1
+        raw[s] = 0.0
+    meta[VERSION] += 1  # paths recorded by the last sample may pass through changed leaves
+    return out
+
+
+@njit(**_HOT)
 def apply_pending(
     meta, lp, ls, ip, isl, ic, ich, inn, ranked, raw, pending, plist, paths, how, sample, stab,
     spaths,

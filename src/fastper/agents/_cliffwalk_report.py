@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .cliffwalk import DEFAULT_ALPHA, SCHEMES, THRESHOLD
+#: the run ends when the MSE to the true Q-values falls below this (paper: 1e-3)
+THRESHOLD = 1e-3
+#: replay schemes, in plotting order
+SCHEMES = ("uniform", "rank", "proportional", "greedy", "oracle")
+#: alpha used when a scheme is given without one (only proportional and rank use it)
+DEFAULT_ALPHA = {"uniform": 0.0, "proportional": 1.0, "rank": 0.7, "greedy": 1.0, "oracle": 0.0}
 
 __all__ = ["CSV_COLUMNS", "plot", "read_results", "summarise", "summary_markdown"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffers import _Buffer
+from ..buffers import BaseBuffer
 from .replay import (  # noqa: F401 - re-exported: the agents import them from here
     REPLAYS,
     agent_replay,
@@ -568,7 +568,7 @@ class Collector:
         algo: str,
         cfg: Any,
         envs: Any,
-        buffer: _Buffer,
+        buffer: BaseBuffer,
         out_dir: str | Path | None,
         progress: bool,
         saved: Any = None,

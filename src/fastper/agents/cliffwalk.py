@@ -57,6 +57,9 @@ import numpy as np
 
 import fastper
 
+# the settings shared with the report live there, so that it needs nothing from here
+from ._cliffwalk_report import DEFAULT_ALPHA, SCHEMES, THRESHOLD
+
 __all__ = [
     "ETA",
     "SCHEMES",
@@ -76,14 +79,8 @@ __all__ = [
 
 #: step size of the Q-learning update (paper: 1/4)
 ETA = 0.25
-#: the run ends when the MSE to the true Q-values falls below this (paper: 1e-3)
-THRESHOLD = 1e-3
 #: standard deviation of the initial Q-values (paper: N(0, 0.1))
 INIT_STD = 0.1
-#: replay schemes, in plotting order
-SCHEMES = ("uniform", "rank", "proportional", "greedy", "oracle")
-#: alpha used when a scheme is given without one (only proportional and rank use it)
-DEFAULT_ALPHA = {"uniform": 0.0, "proportional": 1.0, "rank": 0.7, "greedy": 1.0, "oracle": 0.0}
 
 _FIELDS = {
     "obs": ((), np.int64),

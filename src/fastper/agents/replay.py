@@ -75,7 +75,7 @@ from typing import Any
 
 from .. import schedules
 from ..buffer_core import AUTO_ALPHA_SLOTS
-from ..buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, _Buffer
+from ..buffers import BaseBuffer, PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
 from ..storage import FieldLike
 
 REPLAYS = ("uniform", "per", "rank")
@@ -223,7 +223,7 @@ def make_replay(
     new_priority: str = "ever",
     switch_sample: int | None = None,
     noise_late: float = 0.0,
-) -> _Buffer:
+) -> BaseBuffer:
     """A replay buffer of kind ``replay`` ("uniform", "per" or "rank").
 
     ``alpha`` / ``beta0`` default to the paper's choices for the kind
@@ -252,7 +252,7 @@ def make_replay(
     }  # fmt: skip
     if replay == "uniform":
         return ReplayBuffer(capacity, fields, **common)
-    cls: type[_Buffer] = PrioritizedReplayBuffer if replay == "per" else RankBasedReplayBuffer
+    cls: type[BaseBuffer] = PrioritizedReplayBuffer if replay == "per" else RankBasedReplayBuffer
     a = cls._default_alpha if alpha is None else alpha
     b0 = cls._default_beta if beta0 is None else beta0
     beta = beta_annealing(beta_schedule, b0, anneal_samples)
@@ -274,7 +274,7 @@ def samples_by(cfg: Any, step: int) -> int:
     return phases_due(step, step, cfg.learning_starts, cfg.train_freq) * cfg.gradient_steps
 
 
-def agent_replay(cfg: Any, envs: Any) -> _Buffer:
+def agent_replay(cfg: Any, envs: Any) -> BaseBuffer:
     """The replay buffer an agent config asks for, fed by the vector env ``envs``.
 
     Fields come from ``envs``' single observation and action spaces (an

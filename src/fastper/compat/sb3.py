@@ -6,8 +6,9 @@
 >>> model.learn(20_000)                                                 # doctest: +SKIP
 >>> model.save_replay_buffer("replay.fpk")   # fastper's pickle-free file # doctest: +SKIP
 
-or keep SB3's algorithm and only swap the buffer (it then samples by
-priority, but SB3's ``train`` neither weights the loss nor updates priorities)::
+or keep SB3's algorithm and only swap the buffer (SB3's ``train`` neither
+weights the loss nor updates priorities, so the buffer then replays as if
+uniform, and warns so after many samples, unless you update priorities)::
 
     from fastper.compat.sb3 import PrioritizedReplayBuffer
     model = SAC("MlpPolicy", env, replay_buffer_class=PrioritizedReplayBuffer)
@@ -26,7 +27,8 @@ The pieces (see each for details):
   (``(B, 1)`` float32 tensor), ``indices`` and ``keys``; then
   ``buffer.update_priorities(indices, td, keys)``.
 * :class:`PERDQN`, :class:`PERSAC`, :class:`PERTD3`: SB3's algorithms with
-  IS-weighted TD losses, |TD| written back, beta annealed to 1 over ``learn()``.
+  IS-weighted TD losses, |TD| written back, beta annealed to 1 over ``learn()``
+  (written into the buffer's beta: the buffer is its one source).
 * :func:`save_replay_buffer`, :func:`load_replay_buffer`: the pickle-free
   buffer file for any SB3 algorithm using these buffers.
 

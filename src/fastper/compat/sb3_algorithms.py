@@ -12,9 +12,11 @@
   priorities, with the sample's keys so that updates of slots overwritten
   meanwhile are dropped;
 * beta is annealed linearly from the buffer's ``beta`` to 1 over ``learn()``:
-  ``beta = beta0 + (1 - beta0) * (1 - progress_remaining)``, set before each
-  ``train()`` call (``anneal_beta=False`` keeps it; a ``fastper.schedules``
-  beta given to the buffer is used as is).
+  ``beta = beta0 + (1 - beta0) * (1 - progress_remaining)``, written into the
+  fastper buffer's beta before each ``train()`` call, so that the buffer (its
+  ``sample``, its checkpoint files, copies of its state) is the one source of
+  the beta in force (``anneal_beta=False`` keeps it; a ``fastper.schedules``
+  beta given to the buffer is used as is, on the buffer's own step).
 
 Priority of an actor-critic transition: the mean over the critics of
 ``|Q_k(s, a) - y|``, with ``y`` the usual clipped-double-Q target. The mean
@@ -156,7 +158,7 @@ class _PrioritizedAlgorithm(OffPolicyAlgorithm):
         return _prioritized(self)
 
     def _anneal(self) -> PrioritizedReplayBuffer:
-        """Set beta for this ``train()`` call (annealed by progress) and log it. O(1)."""
+        """Write this ``train()`` call's beta (annealed by progress) into the buffer; log it. O(1)."""
         buf = self._prioritized_buffer()
         start = buf.beta_start
         if self.anneal_beta and start is not None:

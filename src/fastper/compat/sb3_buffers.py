@@ -16,6 +16,17 @@ shapes, dtypes and device, plus ``weights`` (IS weights, float32, shape
 target) ** 2`` never broadcasts to ``(B, B)``), and ``indices`` / ``keys``
 (numpy int64) for :meth:`PrioritizedReplayBuffer.update_priorities`.
 
+beta lives in the fastper buffer: ``sample`` uses the fastper buffer's beta
+schedule at its step (the count of ``sample`` calls), and setting
+:attr:`PrioritizedReplayBuffer.beta` (as the PER algorithms do while they
+anneal) replaces that schedule. So the buffer, its checkpoint files and
+copies of its state all sample with the beta in force.
+
+A prioritized buffer whose priorities are never updated does not replay by
+priority (SB3's own algorithms never update them): after
+:attr:`PrioritizedReplayBuffer.warn_unprioritized_after` samples without an
+update, it says so once, with a ``UserWarning``.
+
 Imported lazily: ``import fastper`` and ``import fastper.compat`` never import
 this module, torch or stable-baselines3.
 """
@@ -28,6 +39,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -49,8 +61,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import buffers as _buffers
 from .. import schedules as _sched
 from .._validation import check_int, check_real
-from ..buffer_state import load as _load_buffer
 from ..buffer_state import read_metadata
+from ..loading import load as _load_buffer
 from ..storage import Field
 
 __all__ = [
@@ -137,11 +149,15 @@ def _rows(name: str, value: Any, want: tuple[int, ...]) -> np.ndarray:
 class PrioritizedReplayBuffer(ReplayBuffer):
     """SB3's ``ReplayBuffer`` API over a fastper prioritized buffer.
 
-    A drop-in ``replay_buffer_class`` for SB3's off-policy algorithms (plain
-    SB3 algorithms then sample by priority but ignore ``weights`` and never
-    update priorities: use :class:`~fastper.compat.sb3.PERDQN`,
-    :class:`~fastper.compat.sb3.PERSAC`, :class:`~fastper.compat.sb3.PERTD3`,
-    or call :meth:`update_priorities` yourself).
+    A drop-in ``replay_buffer_class`` for SB3's off-policy algorithms. Plain
+    SB3 algorithms ignore ``weights`` and never update priorities, so every
+    transition keeps the priority it was stored with and replay is not by
+    priority (uniform; rank-based: by slot order): use
+    :class:`~fastper.compat.sb3.PERDQN`, :class:`~fastper.compat.sb3.PERSAC`,
+    :class:`~fastper.compat.sb3.PERTD3`, or call :meth:`update_priorities`
+    yourself. After :attr:`warn_unprioritized_after` samples (default 1000)
+    with no update, a prioritized buffer whose priorities are all still
+    equal warns once (``UserWarning``).
 
     Args:
         buffer_size: transitions held, all envs together (as in SB3:
@@ -160,7 +176,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: IS exponent. A number (default: proportional 0.4, rank 0.5) is
             where the PER algorithms start annealing to 1 over ``learn()``; a
             ``fastper.schedules`` schedule (counted in ``sample`` calls) is
-            used as given and not annealed.
+            used as given and not annealed. Either way it is the fastper
+            buffer's beta schedule, the one source of the beta ``sample`` uses.
         eps: added to |td| so that no priority is zero (default 1e-6).
         clip: optional cap on |td| before ``eps``.
         scheme: ``"proportional"`` (default), ``"rank"`` or ``"uniform"``
@@ -192,6 +209,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     _dict_obs: ClassVar[bool] = False
+    #: samples without any priority update after which a prioritized buffer
+    #: warns, once, that it is not replaying by priority
+    warn_unprioritized_after: int = 1000
+    #: no beta is passed to the fastper buffer's ``sample``: its schedule decides
+    _beta_now: ClassVar[None] = None
 
     def __init__(
         self,
@@ -292,10 +314,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             seed=seed, **nstep_args, **fastper_kwargs,
         )  # fmt: skip
         schedule = _sched.as_schedule("beta", self._buffer.beta if beta is None else beta)
+        self._beta_given: Any = schedule  # what `beta = None` goes back to
         self._beta_start: float | None = (
             float(schedule(0)) if isinstance(schedule, _sched.Constant) else None
         )
-        self._beta_now: float | None = None  # set by the PER algorithms (annealing)
+        # samples since construction while no priority was ever updated (see sample)
+        self._unprioritized_samples = 0
+        self._watch_priorities = scheme != "uniform"
         self._no_timeouts = np.zeros(n_envs, dtype=np.bool_)
         # what add() checks every row against: (field, next field, dict key, (n_envs, *shape))
         self._obs_rows = tuple(
@@ -338,12 +363,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     @property
     def beta(self) -> float:
-        """The IS exponent the next ``sample`` uses; settable (``None``: the buffer's own beta)."""
-        return self._buffer.beta if self._beta_now is None else self._beta_now
+        """The IS exponent the next ``sample`` uses: the fastper buffer's beta at its step. O(1).
+
+        Settable: a number replaces the fastper buffer's beta schedule with
+        that constant (so its checkpoints and copies of its state use it
+        too); ``None`` restores the beta this buffer was built with.
+        """
+        return float(self._buffer.beta)
 
     @beta.setter
     def beta(self, value: float | None) -> None:
-        self._beta_now = None if value is None else check_real("beta", value, minimum=0.0)
+        if value is None:
+            self._buffer.set_beta(self._beta_given)
+        else:
+            self._buffer.set_beta(check_real("beta", value, minimum=0.0))
 
     @property
     def beta_start(self) -> float | None:
@@ -410,7 +443,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Raises:
             fastper.EmptyBufferError: nothing stored yet.
         """
-        batch = self._buffer.sample(batch_size, beta=self._beta_now)
+        batch = self._buffer.sample(batch_size)
+        if self._watch_priorities:
+            self._unprioritized_samples += 1
+            if self._unprioritized_samples >= self.warn_unprioritized_after:
+                self._watch_priorities = False
+                self._warn_unprioritized()
         data = batch.data
         obs = self._observations(data, "obs", env)
         next_obs = self._observations(data, "next_obs", env)
@@ -428,6 +466,31 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._tensor(batch.weights.astype(np.float32).reshape(-1, 1)),
             batch.indices,
             batch.keys,
+        )
+
+    def _warn_unprioritized(self) -> None:
+        """Warn once that replay is not by priority, if every priority is still the same. O(N)."""
+        fb = self._buffer
+        n = len(fb)
+        if n == 0:
+            return
+        p = fb.priorities(np.arange(n))
+        if p.min() != p.max():
+            return  # set another way (the fastper buffer's own update_priorities, a loaded file)
+        how = (
+            "uniformly (proportional sampling of equal priorities)"
+            if self.scheme == "proportional"
+            else "by slot order (rank-based sampling ranks equal priorities by slot)"
+        )
+        warnings.warn(
+            f"{type(self).__name__} was sampled {self._unprioritized_samples} times and no "
+            f"priority was ever updated: every transition keeps the priority it was stored "
+            f"with, so it replays {how}, not by TD error. SB3's own DQN / SAC / TD3 never "
+            "update priorities: use fastper.compat.sb3.PERDQN / PERSAC / PERTD3, call "
+            "buffer.update_priorities(samples.indices, td_errors, samples.keys) after each "
+            'gradient step, or pass scheme="uniform"',
+            UserWarning,
+            stacklevel=3,
         )
 
     @classmethod
@@ -468,6 +531,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ValueError: lengths differ, a TD error is not finite, bad keys.
             fastper.InvalidIndexError: an index never written.
         """
+        self._watch_priorities = False
         return int(self._buffer.update_priorities(_numpy(indices), _numpy(td_errors), _numpy(keys)))
 
     # -- housekeeping ---------------------------------------------------------------
@@ -522,9 +586,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         The file brings its rows, priorities, settings (alpha, beta, eps,
         scheme...), random state and ring; this object keeps its device,
-        ``handle_timeout_termination`` and spaces. The file must hold the
-        same fields (spaces), capacity (``buffer_size`` and ``n_envs``) and
-        ``n_steps``; nothing changes if it does not.
+        ``handle_timeout_termination`` and spaces. The file's beta is the one
+        in force when it was saved (an annealed one included);
+        :attr:`beta_start`, where annealing starts, stays the one this buffer
+        was built with, unless the file holds a beta schedule (then
+        ``None``: used as given). The file must hold the same fields
+        (spaces), capacity (``buffer_size`` and ``n_envs``) and ``n_steps``;
+        nothing changes if it does not.
 
         Raises:
             ValueError: a file made for other spaces, capacity or n_steps.
@@ -543,8 +611,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         loaded = _load_buffer(path)
         beta = state["schedules"]["beta"]
         self._buffer = loaded
-        self._beta_start = float(beta["value"]) if beta.get("kind") == "constant" else None
-        self._beta_now = None
+        if beta.get("kind") != "constant":
+            self._beta_start, self._beta_given = None, _sched.from_dict(beta)
+        elif self._beta_start is None:
+            self._beta_start = float(beta["value"])
+            self._beta_given = _sched.from_dict(beta)
 
     def _check_compatible(self, path: PathOrFile, state: Mapping[str, Any]) -> None:
         settings = state["settings"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -10,4 +12,52 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "(or install torch for your CUDA version first, see pytorch.org)"
     ) from exc
 
-__all__ = ["torch"]
+__all__ = ["check_device", "torch"]
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a :class:`torch.device` this machine can use, or a ValueError
+    that names it, says why not and what to pass instead. O(1) (a non-CPU,
+    non-CUDA device is probed with an empty tensor).
+
+    Raises:
+        ValueError: not a device name, CUDA asked for where it is not available
+            (no GPU, or a torch build without CUDA), a GPU index past the
+            last GPU, or another device type torch cannot allocate on here.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"`device` must name a torch device (e.g. 'cpu' or 'cuda'), got device={device!r}"
+        ) from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (
+                "this torch build has no CUDA support"
+                if torch.version.cuda is None
+                else "no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+            )
+            raise ValueError(
+                f"`device` must be a device available on this machine, got device={device!r}: "
+                f"CUDA is not available ({why}); pass device='cpu' (or install a CUDA build "
+                "of torch on a machine with an NVIDIA GPU)"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(
+                f"`device` must be one of the {count} CUDA device(s) of this machine "
+                f"('cuda:0' .. 'cuda:{count - 1}'), got device={device!r}"
+            )
+        return dev
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"`device` must be a device available on this machine, got device={device!r}: "
+            f"torch cannot allocate on it ({first}); pass device='cpu'"
+        ) from None
+    return dev

@@ -21,18 +21,38 @@ is kept on the host. Where a check of the *values* would need a sync, the
   the CPU buffers' messages on a bad index, a non-finite td error, a priority
   too large or a key never issued; the buffer is then unchanged. With
   ``eps == 0`` (where every priority could be zero) ``sample`` also reads the
-  total back to refuse an all-zero buffer.
+  total back to refuse an all-zero buffer. An ``add`` of a tensor whose dtype
+  narrows to its field's (float64 into float32, int64 into int32) reads one
+  flag back too, and refuses a value the cast would change as the CPU
+  buffers do (see :mod:`fastper.device.storage`).
 * ``validate=False`` (the sync-free fast path): nothing is read back. Bad
   entries of an update are dropped and counted in :attr:`invalid_updates`
   (they never reach the tree); bad explicit priorities of an ``add`` are
-  replaced by the new-transition priority and counted.
+  replaced by the new-transition priority and counted; a narrowing cast is
+  torch's, unchecked.
+
+Tensors that track gradients (a loss as td errors, rows computed by a model)
+are used detached: the buffer never holds an autograd graph. A ``device``
+that is not available (``"cuda"`` without a GPU or a CUDA build of torch)
+is refused at construction with a ValueError that says what to pass.
 
 Costs: ``add`` O(B log N); ``sample`` and ``update_priorities`` O(B log N)
 work in O(log N) tensor operations (see :mod:`fastper.device.tree`). Data
 given as host arrays is checked on the host; tensors are checked by shape
 and dtype (see :mod:`fastper.device.storage`). n-step windows are built on
-the host (:class:`fastper.nstep.NStepWriter`): with ``n_step > 1`` or stream
-tracking, added tensors are copied to the host first.
+the host by the CPU buffers' :class:`fastper.nstep.NStepWriter` (the same
+plan, write, commit order): with ``n_step > 1`` or stream tracking, added
+tensors are copied to the host first and the completed rows copied back.
+
+Draws follow :mod:`fastper.policy` (stratified targets, P(i), IS weights).
+The ``"numba"`` back end (the CPU device's default) runs the CPU buffers'
+samplers, so given the same uniforms it returns their slots, probabilities
+and weights bit for bit (weights as float32). The ``"torch"`` back end
+evaluates the same expressions with torch operations: torch's ``pow`` may
+differ from the C library's in the last bit, and the 64-ary tree sums in
+another order, so P(i) and weights can differ in the last bit (and a
+target within rounding of a boundary between two slots can land on the
+neighbour).
 """
 
 from __future__ import annotations
@@ -48,14 +68,28 @@ import numpy as np
 
 from .. import checkpoint as _ckpt
 from .. import schedules as _sched
-from .._validation import check_int, check_real, show
+from .._validation import (
+    as_1d,
+    as_index_array,
+    as_value_array,
+    check_int,
+    check_real,
+    dtype_error,
+    ndim_error,
+    show,
+    to_numpy,
+    unwrap_batch,
+)
 from ..buffer_core import BufferCore, check_flag, constructor_args
-from ..buffer_state import _restore_schedule, locked
-from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
+from ..buffer_state import (
+    locked,
+    restore_schedule,  # the checkpoint loader's rule for schedules
+)
+from ..errors import CheckpointError, EmptyBufferError, ZeroPriorityError
 from ..samplers import check_priority_array
 from ..storage import FieldLike, coerce_batch
 from ..writer import RingWriter
-from ._torch import torch
+from ._torch import check_device, torch
 from .index import NORMS, NumbaIndex, TorchIndex, priority_limit, slot_keys
 from .storage import TorchStorage
 
@@ -88,38 +122,42 @@ class DeviceBatch:
 
 
 def _tensor(name: str, value: Any, kinds: str, device: torch.device) -> torch.Tensor:
-    """A 1-D tensor on ``device``, int64 (``kinds="iu"``) or float64 (``"iuf"``).
+    """A 1-D tensor on ``device``, int64 (``kinds="iu"``) or float64 (``"iuf"``), detached.
 
-    Numpy arrays and lists go through numpy (so floats stay float64). Only the
-    dtype and the shape are checked (metadata: no host sync); a value of
-    another kind (floats as indices, bools, complex) is refused.
+    Host values (numpy arrays, lists, numbers) go through the CPU buffers'
+    converter (:func:`fastper._validation.as_1d`: floats stay float64, the
+    same messages). Tensors are checked by dtype and shape only (metadata: no
+    host sync), with the same messages; a value of another kind (floats as
+    indices, bools, complex) is refused. A tensor that tracks gradients (a
+    loss, say) is detached: the buffer never holds an autograd graph.
     """
     dtype = torch.int64 if kinds == "iu" else torch.float64
-    if type(value) is torch.Tensor and value.dtype == dtype and value.ndim == 1:
+    if not isinstance(value, torch.Tensor):
+        arr = as_1d(name, value, kinds)
+        return torch.from_numpy(arr).to(device)
+    t = value.detach()
+    if type(t) is torch.Tensor and t.dtype == dtype and t.ndim == 1:
         # the common case: tensors straight from a DeviceBatch
-        return value if value.device == device else value.to(device)
-    if isinstance(value, torch.Tensor):
-        if value.numel() and (
-            value.dtype == torch.bool
-            or value.is_complex()
-            or (kinds == "iu" and value.dtype.is_floating_point)
-        ):
-            what = "integers" if kinds == "iu" else "real numbers"
-            raise TypeError(f"`{name}` must hold {what}, got a {value.dtype} tensor")
-        t = value
-    else:
-        arr = np.asarray(value)
-        if arr.size and arr.dtype.kind not in kinds:
-            what = "integers" if kinds == "iu" else "real numbers"
-            raise TypeError(f"`{name}` must hold {what}, got {name}={show(value)}")
-        t = torch.as_tensor(
-            arr if arr.size else arr.astype(np.float64 if "f" in kinds else np.int64)
-        )
+        return t if t.device == device else t.to(device)
+    kind = _kind(t.dtype)
+    if t.numel() and kind not in kinds:
+        raise dtype_error(name, kinds, t.dtype)
     if t.ndim == 0:
         t = t.reshape(1)
     if t.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {name} with shape {tuple(t.shape)}")
+        raise ndim_error(name, tuple(t.shape))
     return t.to(device=device, dtype=dtype)
+
+
+def _kind(dtype: torch.dtype) -> str:
+    """The numpy kind letter of a torch dtype (b, c, f, u, i)."""
+    if dtype == torch.bool:
+        return "b"
+    if dtype.is_complex:
+        return "c"
+    if dtype.is_floating_point:
+        return "f"
+    return "u" if not dtype.is_signed else "i"
 
 
 class _DeviceBuffer(BufferCore):
@@ -154,10 +192,7 @@ class _DeviceBuffer(BufferCore):
         validate: bool = True,
         backend: str | None = None,
     ) -> None:
-        try:
-            self._device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"`device` must name a torch device, got device={device!r}") from exc
+        self._device = check_device(device)
         stored, alpha0 = self._configure(
             capacity, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
             max_priority=max_priority, policies=("ever",), stratified=stratified,
@@ -167,7 +202,9 @@ class _DeviceBuffer(BufferCore):
         )  # fmt: skip
         self._validate = check_flag("validate", validate)
         seed = self._seed
-        self._storage = TorchStorage(stored, self._capacity, self._device)
+        self._storage = TorchStorage(
+            stored, self._capacity, self._device, check_values=self._validate
+        )
         dev, f64 = self._device, torch.float64
         self._gen = torch.Generator(device=dev)
         if seed is None:
@@ -253,14 +290,12 @@ class _DeviceBuffer(BufferCore):
         return slot_keys(idx, w.key_base, w.added, self._capacity)
 
     def _slots(self, indices: Any) -> torch.Tensor:
-        """Validated slots (host check: syncs), for the introspection methods."""
+        """Validated slots (host check: syncs), for the introspection methods.
+
+        The CPU buffers' check and messages (InvalidIndexError for a slot out of
+        range or never written)."""
         idx = _tensor("indices", indices, "iu", self._device)
-        n = len(self)
-        bad = (idx < 0) | (idx >= n)
-        if idx.numel() and bool(bad.any()):
-            raise InvalidIndexError(
-                f"`indices` must be written slots in [0, {n}), got {idx[bad][:8].tolist()}"
-            )
+        as_index_array("indices", idx.cpu().numpy(), self._capacity, written=len(self))
         return idx
 
     @locked
@@ -275,14 +310,10 @@ class _DeviceBuffer(BufferCore):
 
     @locked
     def probabilities(self, indices: Any) -> torch.Tensor:
-        """P(i) one draw picks each slot with. O(B); syncs to check the indices."""
-        idx = self._slots(indices)
-        if not self._prioritized:
-            return torch.full(idx.shape, 1.0 / max(len(self), 1), dtype=torch.float64,
-                              device=self._device)  # fmt: skip
-        raw = self._index.raw.index_select(0, idx)
-        leaf = torch.where(raw > 0, raw.pow(self.alpha), 0.0)
-        return leaf / self._index.total
+        """P(i) one draw picks each slot with (float64 tensor): the sampling mass
+        over the total (:func:`fastper.policy.probabilities`), as ``sample``
+        reports it. O(B); syncs to check the indices."""
+        return self._index.probabilities(self._slots(indices), len(self))
 
     # -- schedules ---------------------------------------------------------------------
     def _apply_alpha(self, alpha: float) -> None:
@@ -299,28 +330,6 @@ class _DeviceBuffer(BufferCore):
                 )
         index.set_alpha(alpha, len(self))
 
-    def _alpha_at(self, step: int) -> float:
-        return check_real(
-            "alpha", self._alpha_schedule(step - step % self._alpha_every), minimum=0.0
-        )
-
-    @locked
-    def set_alpha(self, alpha: _sched.ScheduleLike) -> None:
-        """Replace alpha (number or schedule); re-weighs every priority now. O(N), no sync for alpha <= 1."""
-        schedule = _sched.as_schedule("alpha", alpha)
-        value = check_real(
-            "alpha", schedule(self._step - self._step % self._alpha_every), minimum=0.0
-        )
-        self._apply_alpha(value)
-        self._alpha_schedule = schedule
-
-    @locked
-    def set_beta(self, beta: _sched.ScheduleLike) -> None:
-        """Replace beta (number or schedule). O(1)."""
-        schedule = _sched.as_schedule("beta", beta)
-        check_real("beta", schedule(self._step), minimum=0.0)
-        self._beta_schedule = schedule
-
     # -- add ---------------------------------------------------------------------------
     @locked
     def add(
@@ -328,90 +337,126 @@ class _DeviceBuffer(BufferCore):
     ) -> torch.Tensor:
         """Store one transition or a batch (leading dimension). O(B log N).
 
+        Two phases, as the CPU buffers: every check and the n-step windows'
+        plan first, then the rows are written, then the ring, the priorities
+        and the windows move. A call that raises (bad input, or a storage
+        write that fails) changes nothing.
+
         Args:
             transition: ``{field: value}``; torch tensors (on any device) or host
-                arrays (see :mod:`fastper.device.storage` for the checks).
+                arrays (see :mod:`fastper.device.storage` for the checks). A
+                tensor that tracks gradients is stored detached.
             priorities: optional raw priorities (>= 0, finite), one per row;
                 by default each gets :attr:`max_priority`. Not with n-step.
             env_ids: stream of each row, for n-step windows (as the CPU buffers).
 
         Returns:
-            The slots written, an int64 tensor on the device.
+            The slots written, an int64 tensor on the device; with n-step,
+            those of the transitions completed by this call (possibly none).
+
+        Raises:
+            ValueError: missing / unknown fields, wrong shapes, an empty batch,
+                a batch larger than the capacity (with n-step: one that would
+                also complete more), bad priorities or stream ids.
+            FieldTypeError: a value that the field's dtype cannot hold (as
+                the CPU buffers; see :mod:`fastper.device.storage`).
         """
-        if self._nstep is not None:
+        nstep = self._nstep
+        if nstep is not None:
             if priorities is not None:
                 raise ValueError(
                     "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
                 )
-            host = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
-                    for k, v in transition.items()} if isinstance(transition, Mapping) else transition  # fmt: skip
-            batch, k = coerce_batch(self._nstep.fields, host, None)
-            plan = self._nstep.prepare(batch, k, env_ids)
-            out, m = plan.out, plan.count
-            cap = self._capacity
+            # the windows are kept on the host: tensors are read there (detached)
+            batch, k = coerce_batch(nstep.fields, transition, None)
+            plan = nstep.prepare(batch, k, env_ids)
+            m, cap = plan.count, self._capacity
             if m > cap and k > cap:
                 raise ValueError(
                     f"a batch must not complete more than capacity={cap} transitions, got {m}"
                 )
-            self._nstep.commit(plan)
             if m == 0:
+                nstep.commit(plan)
                 return torch.empty(0, dtype=torch.int64, device=self._device)
-            parts = [
-                self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-                for lo in range(0, m, cap)
-            ]
-            return parts[0] if len(parts) == 1 else torch.cat(parts)
+            # the rows first, the windows after: a write that fails leaves both as they were
+            slots = self._write(plan.out, m, None)
+            nstep.commit(plan)
+            return slots
         prepared, k = self._storage.prepare(transition)
         if env_ids is not None:
-            ids = np.asarray(env_ids.cpu() if isinstance(env_ids, torch.Tensor) else env_ids)
-            if ids.reshape(-1).shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
+            ids = to_numpy(env_ids).reshape(-1)
+            if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
                 raise ValueError(
                     f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
                 )
-        p = None
-        if priorities is not None:
-            p = _tensor("priorities", priorities, "iuf", self._device)
-            if p.shape[0] != k:
-                raise ValueError(
-                    f"`priorities` must have {k} entries (one per row), got {p.shape[0]}"
-                )
-            p = self._checked_add_priorities(p)
-        return self._write(prepared, k, p)
+        if priorities is None:
+            return self._write(prepared, k, None)
+        p = _tensor("priorities", priorities, "iuf", self._device)
+        if p.shape[0] != k:
+            raise ValueError(
+                f"`priorities` must have {k} entries (one per row), got priorities with "
+                f"{p.shape[0]}"
+            )
+        p, may_be_zero, invalid = self._checked_add_priorities(p)
+        slots = self._write(prepared, k, p)
+        if may_be_zero:
+            self._may_be_zero = True
+        if invalid is not None:
+            self._invalid += invalid
+        return slots
 
-    def _checked_add_priorities(self, p: torch.Tensor) -> torch.Tensor:
+    def _checked_add_priorities(
+        self, p: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+        """``add``'s priorities, checked: (the priorities to write, may one be zero,
+        the count of bad entries replaced, ``validate=False`` only). Changes nothing."""
         limit = self._index.limit
         bad = ~torch.isfinite(p) | (p < 0) | (p > limit)
         if self._validate:
-            if bool(bad.any()):
+            if bool(bad.any()):  # the one read-back of a validated add with priorities
+                # the CPU buffers' messages for non-finite and negative values
+                as_value_array("priorities", p.cpu().numpy(), p.shape[0])
                 raise ValueError(
-                    f"`priorities` must be finite, >= 0 and <= {limit:.3e}, got "
-                    f"{p[bad][:8].tolist()}"
+                    f"`priorities` must be <= {limit:.3e} (so the sum tree stays finite), got "
+                    f"priorities={show(p[bad][:8].cpu().numpy())}"
                 )
-            if self._eps == 0.0 or bool((p == 0).any()):
-                self._may_be_zero = True
-            return p + 0.0
-        self._may_be_zero = True  # unread: assume the worst
-        self._invalid += bad.sum()
-        return torch.where(bad, self._new_priority(), p) + 0.0
+            zero = self._eps == 0.0 or bool((p == 0).any())
+            return p + 0.0, zero, None
+        # unread: assume a zero may be there; bad entries get the new-transition priority
+        return torch.where(bad, self._new_priority(), p) + 0.0, True, bad.sum()
 
     def _write(self, prepared: Mapping[str, Any], k: int, p: torch.Tensor | None) -> torch.Tensor:
+        """Write ``k`` checked rows from the cursor on (``p``: their priorities, or None
+        for the new-transition priority); the slots, an int64 device tensor.
+
+        The storage write comes first: if it raises, nothing has changed. The
+        rest cannot fail. More than ``capacity`` rows (an episode end flushing
+        n-step windows; ``p`` is None then) land in ring order, so the ring keeps
+        the last ``capacity`` of them, as if added one by one; only those are
+        copied. O(min(k, capacity) log N).
+        """
+        cap = self._capacity
         w = self._writer
         start = w.cursor
-        self._storage.write(start, prepared, k)
-        w.advance(k)
-        slots = (start + torch.arange(k, dtype=torch.int64, device=self._device)) % self._capacity
-        first = min(k, self._capacity - start)  # the run, and its wrapped rest
+        kept = min(k, cap)
+        at = (start + k - kept) % cap  # the slot of the first row that stays
+        rows = prepared if kept == k else {f: a[k - kept :] for f, a in prepared.items()}
+        self._storage.write(at, rows, kept)
+        # committed: nothing below can fail
+        for lo in range(0, k, cap):
+            w.advance(min(cap, k - lo))
+        first = min(kept, cap - at)  # the run, and its wrapped rest
         if p is None:
             value = self._new_priority()
-            self._index.fill(start, first, value)
-            if first < k:
-                self._index.fill(0, k - first, value)
+            self._index.fill(at, first, value)
+            if first < kept:
+                self._index.fill(0, kept - first, value)
         else:
             self._max_seen = torch.maximum(self._max_seen, p.max())
-            self._index.write(start, p[:first])
-            if first < k:
+            self._index.write(at, p[:first])
+            if first < kept:
                 self._index.write(0, p[first:])
-        return slots
+        return (start + torch.arange(k, dtype=torch.int64, device=self._device)) % cap
 
     # -- sample ------------------------------------------------------------------------
     @locked
@@ -475,7 +520,9 @@ class _DeviceBuffer(BufferCore):
         Duplicate indices: the last one wins. With ``keys``, entries whose slot
         was overwritten since it was sampled are dropped (:attr:`stale_updates`).
         No host sync with ``validate=False``; with ``validate=True`` one read
-        of a flag (see the module docstring).
+        of a flag (see the module docstring). ``td_errors`` may be a tensor that
+        tracks gradients (a loss): its values are used, detached.
+        ``update_priorities(batch, td_errors)`` takes the batch's indices and keys.
 
         Returns:
             The number of priorities applied: a 0-dim int64 device tensor.
@@ -486,6 +533,7 @@ class _DeviceBuffer(BufferCore):
                 never issued.
         """
         dev = self._device
+        indices, keys = unwrap_batch(indices, keys)
         idx = _tensor("indices", indices, "iu", dev)
         td = _tensor("td_errors", td_errors, "iuf", dev)
         use_keys = keys is not None
@@ -606,6 +654,55 @@ class _DeviceBuffer(BufferCore):
             state, device, alpha, beta, validate=validate, expect=cls, backend=backend
         )
 
+    def _take_state(self, state: Mapping[str, Any], cpu: bool) -> None:
+        """Fill this new, empty buffer (built from ``state``'s settings) with ``state``'s
+        contents: a device state, or a CPU buffer's (``cpu``). Every part is
+        checked before any is taken. O(N)."""
+        buf_state = dict(state["buffer"])
+        writer = RingWriter(self._capacity)
+        writer.load_state_dict(state["writer"])
+        n = writer.size
+        sampler = state["sampler"]
+        pri = check_priority_array("priorities", sampler["priorities"], n)
+        max_seen = check_real("max_priority_ever", buf_state["max_priority_ever"], minimum=1.0)
+        if n and float(pri.max()) > max_seen:
+            raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
+        step = check_int("step", buf_state["step"], minimum=0)
+        alpha_v = check_real("alpha", sampler["alpha"], minimum=0.0)
+        limit = priority_limit(self._index.max_value, alpha_v)
+        if n and float(pri.max()) > limit:
+            raise ValueError(f"a stored priority exceeds {limit:.3e}, the device tree's limit")
+        stale = check_int("stale_updates", buf_state["stale_updates"], minimum=0)
+        invalid = check_int("invalid_updates", buf_state.get("invalid_updates", 0), minimum=0)
+        if not cpu:
+            rng = buf_state["rng"]
+            if not isinstance(rng, np.ndarray) or rng.dtype != np.uint8 or rng.ndim != 1:
+                raise ValueError("random state must be a 1-D uint8 array")
+            # a CPU and a CUDA generator keep different states: across device types
+            # the new buffer keeps its generator, seeded from the settings' seed
+            if buf_state.get("rng_device", "cpu") == self._device.type:
+                try:
+                    self._gen.set_state(torch.from_numpy(rng.copy()))
+                except (RuntimeError, ValueError) as exc:
+                    raise ValueError(
+                        f"random state is invalid for a {self._device} generator: {exc}"
+                    ) from None
+        nstep_state = state.get("nstep")
+        if (nstep_state is None) != (self._nstep is None):
+            raise ValueError("the n-step state does not match the n-step settings")
+        self._storage.load_state_dict(state["storage"], n)
+        if self._nstep is not None and nstep_state is not None:
+            self._nstep.load_state_dict(nstep_state)
+        self._writer = writer
+        self._step = step
+        dev = self._device
+        self._index.load(pri, n, alpha_v)
+        self._max_seen = torch.tensor(max_seen, dtype=torch.float64, device=dev)
+        self._stale = torch.tensor(stale, device=dev)
+        self._invalid = torch.tensor(invalid, device=dev)
+        zero = bool(buf_state.get("may_be_zero", True)) if not cpu else True
+        self._may_be_zero = zero or self._eps == 0.0
+
 
 _CPU_KINDS = {"proportional": "device_proportional", "uniform": "device_uniform"}
 _KINDS: dict[str, type[_DeviceBuffer]] = {}
@@ -642,55 +739,11 @@ def _from_state(
     sch = state["schedules"]
     buf = cls(
         **args, device=device, validate=validate, backend=backend,
-        alpha=_restore_schedule(sch["alpha"], alpha, "alpha"),
-        beta=_restore_schedule(sch["beta"], beta, "beta"),
-        priority_noise=_restore_schedule(sch["priority_noise"], None, "priority_noise"),
+        alpha=restore_schedule(sch["alpha"], alpha, "alpha"),
+        beta=restore_schedule(sch["beta"], beta, "beta"),
+        priority_noise=restore_schedule(sch["priority_noise"], None, "priority_noise"),
     )  # fmt: skip
-    writer = RingWriter(buf.capacity)
-    writer.load_state_dict(state["writer"])
-    n = writer.size
-    sampler = state["sampler"]
-    pri = check_priority_array("priorities", sampler["priorities"], n)
-    max_seen = check_real("max_priority_ever", buf_state["max_priority_ever"], minimum=1.0)
-    if n and float(pri.max()) > max_seen:
-        raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
-    step = check_int("step", buf_state["step"], minimum=0)
-    alpha_v = check_real("alpha", sampler["alpha"], minimum=0.0)
-    limit = priority_limit(buf._index.max_value, alpha_v)
-    if n and float(pri.max()) > limit:
-        raise ValueError(f"a stored priority exceeds {limit:.3e}, the device tree's limit")
-    if not cpu:
-        rng = buf_state["rng"]
-        if not isinstance(rng, np.ndarray) or rng.dtype != np.uint8 or rng.ndim != 1:
-            raise ValueError("random state must be a 1-D uint8 array")
-        # a CPU and a CUDA generator keep different states: across device types
-        # the new buffer keeps its generator, seeded from the settings' seed
-        if buf_state.get("rng_device", "cpu") == buf.device.type:
-            try:
-                buf._gen.set_state(torch.from_numpy(rng.copy()))
-            except (RuntimeError, ValueError) as exc:
-                raise ValueError(
-                    f"random state is invalid for a {buf.device} generator: {exc}"
-                ) from None
-    nstep_state = state.get("nstep")
-    if (nstep_state is None) != (buf._nstep is None):
-        raise ValueError("the n-step state does not match the n-step settings")
-    buf._storage.load_state_dict(state["storage"], n)
-    if buf._nstep is not None and nstep_state is not None:
-        buf._nstep.load_state_dict(nstep_state)
-    buf._writer = writer
-    buf._step = step
-    dev = buf.device
-    buf._index.load(pri, n, alpha_v)
-    buf._max_seen = torch.tensor(max_seen, dtype=torch.float64, device=dev)
-    buf._stale = torch.tensor(
-        check_int("stale_updates", buf_state["stale_updates"], minimum=0), device=dev
-    )
-    buf._invalid = torch.tensor(
-        check_int("invalid_updates", buf_state.get("invalid_updates", 0), minimum=0), device=dev
-    )
-    zero = bool(buf_state.get("may_be_zero", True)) if not cpu else True
-    buf._may_be_zero = zero or buf._eps == 0.0
+    buf._take_state(state, cpu)
     return buf
 
 
@@ -704,7 +757,9 @@ def load(
     Raises:
         CheckpointError: a truncated, altered or malformed file, or contents
             that do not make a consistent buffer.
+        ValueError: ``device`` is not a device available here (checked first).
     """
+    device = check_device(device)  # a bad argument is a ValueError, not a bad file
     try:
         state, _ = _ckpt.read_state(path)
         return _from_state(state, device, alpha, beta, validate=validate, backend=backend)

@@ -3,22 +3,27 @@
 * :class:`TorchIndex` (any device; the default off the CPU): raw priorities
   and a :class:`~fastper.device.tree.DeviceSumTree` as tensors, every
   operation a fixed sequence of tensor operations with no host sync.
-* :class:`NumbaIndex` (the CPU device only; its default): fastper's compiled
-  kernels (:mod:`fastper._kernels.prioritized`) run on numpy views of the
-  same memory the tensors use. On a CPU each tensor operation costs a few
+* :class:`NumbaIndex` (the CPU device only; its default): the CPU buffers'
+  samplers (:mod:`fastper.samplers`, compiled kernels) run on numpy views of
+  the same memory the tensors use. On a CPU each tensor operation costs a few
   microseconds of dispatch, and a sample + update is a few hundred of them;
   the kernels do it in two calls.
 
 Both draw the same targets from the same uniforms (the buffer's torch
-generator) and apply the README's decisions; they differ only in the tree's
-fan-out (64 vs 8), so the leaf found for a target differs only for targets
-within rounding of a boundary between two leaves.
+generator) and apply the README's decisions, with the rules every front end
+shares (:mod:`fastper.policy`: stratified targets, P(i), IS weights). They
+differ in the tree's fan-out (64 vs 8), so the leaf found for a target
+differs only for targets within rounding of a boundary between two leaves,
+and in ``pow``: the numba back end computes ``p ** alpha`` and the weights
+with the C library's ``pow``, as the CPU buffers do (the same bits), while
+torch's vectorised ``pow`` on a CPU may differ from it in the last bit.
 
 Contract (the buffer holds its lock around every call; tensors on the device):
     ``fill(lo, count, value)``: new slots ``lo .. lo+count-1`` (no wrap) get priority ``value`` (0-dim).
     ``write(lo, p)``: slots ``lo .. lo+len(p)-1`` (no wrap) get priorities ``p`` (checked by the caller).
     ``draw(u, n, beta, stratified, norm, key_base, added, perm)``: slots, P(i),
     weights (float32) and keys, in the order ``perm`` (if given).
+    ``probabilities(idx, n)``: P(i) of one draw for written slots ``idx``.
     ``update(idx, td, keys, ...)``: validate, drop stale, last duplicate wins;
     returns (applied, largest applied priority, stale, invalid): 0-dim device
     tensors (torch), host numbers (numba).
@@ -28,17 +33,18 @@ Contract (the buffer holds its lock around every call; tensors on the device):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from .._kernels import prioritized as _pk
-from .._kernels import ring as _ring
+from .. import policy
 from .._validation import as_index_array, as_value_array
+from ..policy import NORM_CODES, NORMS
 from ..samplers import ProportionalSampler, UniformSampler
 from ._torch import torch
 from .tree import DeviceSumTree, max_leaf
 
-NORMS = ("buffer", "batch", "none")
+__all__ = ["NORMS", "NumbaIndex", "TorchIndex", "exact_pow", "priority_limit", "slot_keys"]
 #: elements per call of :func:`exact_pow` on the CPU: at most ATen's grain size
 #: (32768), so one thread runs it, and a multiple of every SIMD width
 _POW_BLOCK = 1 << 15
@@ -135,14 +141,14 @@ class TorchIndex:
     def fill(self, lo: int, count: int, value: torch.Tensor) -> None:
         self.raw[lo : lo + count].copy_(value.expand(count))
         if self.prioritized:
-            self.tree._fill_run(lo, count, self.leaf(value))
+            self.tree.fill_run(lo, count, self.leaf(value))
 
     def write(self, lo: int, p: torch.Tensor) -> None:
         count = p.shape[0]
         self.raw[lo : lo + count] = p
         if self.prioritized:
             self.tree.leaves[lo : lo + count] = self.leaf(p)
-            self.tree._fix_range(lo, lo + count - 1)
+            self.tree.fix_range(lo, lo + count - 1)
 
     def draw(
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str,
@@ -157,23 +163,29 @@ class TorchIndex:
         self, u: torch.Tensor, n: int, beta: float, stratified: bool, norm: str
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = u.shape[0]
-        k = torch.arange(b, dtype=torch.float64, device=self.device) if stratified else None
+        f64, dev = torch.float64, self.device
+        positions = torch.arange(b, dtype=f64, device=dev) if stratified else None
         if not self.prioritized:
-            pos = (k + u) * (n / b) if k is not None else u * n
+            # unit mass per slot: the total mass is n, a point's slot its integer part
+            pos = policy.stratified_targets(u, float(n), positions)
             idx = pos.to(torch.int64).clamp_(max=n - 1)
-            prob = torch.full((b,), 1.0 / n, dtype=torch.float64, device=self.device)
-            return idx, prob, torch.ones_like(prob)
+            prob = policy.probabilities(torch.ones(b, dtype=f64, device=dev), float(n))
+            return idx, prob, torch.ones_like(prob)  # uniform: every weight is 1
         tree = self.tree
-        total = tree.total
-        idx = tree._find((k + u) * total / b if k is not None else u * total)
+        total: Any = tree.total  # a 0-dim tensor: the rules' arithmetic keeps it on the device
+        idx = tree.find_unchecked(policy.stratified_targets(u, total, positions))
         leaf = tree.leaves.index_select(0, idx)
-        if norm == "buffer":
-            weights = (leaf / tree.min_positive).pow(-beta)
-        elif norm == "batch":
-            weights = (leaf / leaf.min()).pow(-beta)
-        else:
-            weights = (n * (leaf / total)).pow(-beta)
-        return idx, leaf / total, weights
+        min_mass: Any = tree.min_positive if norm == "buffer" else total  # read for "buffer" only
+        weights = policy.is_weights(leaf, total, min_mass, n, beta, norm)
+        return idx, policy.probabilities(leaf, total), weights
+
+    def probabilities(self, idx: torch.Tensor, n: int) -> torch.Tensor:
+        """P(i) of one draw for written slots ``idx`` (unchecked). O(B), no sync."""
+        if not self.prioritized:
+            ones = torch.ones(idx.shape[0], dtype=torch.float64, device=self.device)
+            return policy.probabilities(ones, float(n))
+        total: Any = self.tree.total
+        return policy.probabilities(self.tree.leaves.index_select(0, idx), total)
 
     def update(
         self, idx: torch.Tensor, td: torch.Tensor, keys: torch.Tensor | None, eps: float,
@@ -203,7 +215,7 @@ class TorchIndex:
                           self.raw.index_select(0, safe))  # fmt: skip
         self.raw.index_put_((safe,), new)
         if self.prioritized:
-            self.tree._write(safe, self.leaf(new))
+            self.tree.write_unchecked(safe, self.leaf(new))
         pmax = torch.where(keep, p, 0.0).max()
         return keep.sum(), pmax, stale, bad.sum()
 
@@ -234,8 +246,35 @@ def slot_keys(idx: torch.Tensor, key_base: int, added: int, capacity: int) -> to
     return key_base + idx + capacity * torch.div(since - 1 - idx, capacity, rounding_mode="floor")
 
 
+class _DeviceLimit:
+    """Mixin: the device tree's priority limit, so both back ends refuse the same priorities.
+
+    The CPU samplers bound ``p ** alpha`` by their own tree's size; the device
+    index bounds ``p`` by :func:`priority_limit` of the device tree (whatever
+    alpha <= 1 is set later: changing it never needs a check on the device).
+    """
+
+    alpha: float
+    max_value: float = math.inf
+
+    def priority_limit(self, alpha: float | None = None) -> float:
+        return priority_limit(self.max_value, self.alpha if alpha is None else alpha)
+
+
+class _Proportional(_DeviceLimit, ProportionalSampler):
+    pass
+
+
+class _Uniform(_DeviceLimit, UniformSampler):
+    pass
+
+
 class NumbaIndex:
-    """Priorities and trees of the CPU samplers, shared with CPU tensors (see the module docstring)."""
+    """Priorities and trees of the CPU samplers, shared with CPU tensors (see the module docstring).
+
+    Every operation goes through the samplers' public methods (the same
+    compiled kernels as the CPU buffers); tensors and numpy arrays share memory.
+    """
 
     def __init__(self, capacity: int, alpha: float, prioritized: bool, track_min: bool,
                  device: torch.device) -> None:  # fmt: skip
@@ -244,21 +283,25 @@ class NumbaIndex:
         self.capacity = capacity
         self.prioritized = prioritized
         self.device = device
-        self.sampler: ProportionalSampler | UniformSampler = (
-            ProportionalSampler(capacity, alpha, track_min=track_min)
-            if prioritized
-            else UniformSampler(capacity, alpha)
-        )
-        self.raw = torch.from_numpy(self.sampler.raw)  # the same memory
         self.max_value = max_leaf(capacity)  # as the torch index: the same limits on both
-        self.limit = priority_limit(self.max_value, alpha)
+        sampler: _Proportional | _Uniform = (
+            _Proportional(capacity, alpha, track_min=track_min)
+            if prioritized
+            else _Uniform(capacity, alpha)
+        )
+        sampler.max_value = self.max_value
+        self.sampler = sampler
+        self.raw = torch.from_numpy(sampler.raw)  # the same memory
         self._status = np.zeros(4, dtype=np.int64)
-        self._scratch = np.empty(1024, dtype=np.int64)
-        self._pscratch = np.empty(512, dtype=np.float64)
 
     @property
     def alpha(self) -> float:
         return self.sampler.alpha
+
+    @property
+    def limit(self) -> float:
+        """Largest priority an update may write under the alpha in force."""
+        return self.sampler.priority_limit()
 
     @property
     def total(self) -> torch.Tensor:
@@ -278,13 +321,17 @@ class NumbaIndex:
         key_base: int, added: int, perm: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         idx, prob, w, keys = self.sampler.sample(
-            u.numpy(), n, beta, stratified, NORMS.index(norm), key_base, added
+            u.numpy(), n, beta, stratified, NORM_CODES[norm], key_base, added
         )
         if perm is not None:
             p = perm.numpy()
             idx, prob, w, keys = idx[p], prob[p], w[p], keys[p]
         w32 = w.astype(np.float32)
         return tuple(torch.from_numpy(a) for a in (idx, prob, w32, keys))  # type: ignore[return-value]
+
+    def probabilities(self, idx: torch.Tensor, n: int) -> torch.Tensor:
+        """P(i) of one draw for written slots ``idx`` (unchecked). O(B)."""
+        return torch.from_numpy(self.sampler.probabilities(idx.numpy(), n))
 
     def update(
         self, idx: torch.Tensor, td: torch.Tensor, keys: torch.Tensor | None, eps: float,
@@ -294,68 +341,43 @@ class NumbaIndex:
         key_a = keys.numpy() if keys is not None else np.empty(0, dtype=np.int64)
         clip_v = math.inf if clip is None else clip
         invalid = 0
-        pmax = self._kernel_update(
-            idx_a, td_a, key_a, keys is not None, eps, clip_v, n, key_base, added
-        )
+        pmax = self._update(idx_a, td_a, key_a, keys is not None, eps, clip_v, n, key_base, added)
         if self._status[0]:
+            limit = self.limit
             p = np.minimum(np.abs(td_a), clip_v) + eps
             if validate:
                 raise update_error(idx, td, torch.from_numpy(p), keys, n, self.capacity,
-                                   self.limit, added, noisy)  # fmt: skip
+                                   limit, added, noisy)  # fmt: skip
             with np.errstate(invalid="ignore"):
-                ok = (idx_a >= 0) & (idx_a < n) & (p <= self.limit)
+                ok = (idx_a >= 0) & (idx_a < n) & (p <= limit)
                 if keys is not None:
                     ok &= (key_a >= 0) & (key_a < added)
             invalid = int((~ok).sum())
             sub_keys = key_a[ok] if keys is not None else key_a
-            pmax = self._kernel_update(
+            pmax = self._update(
                 idx_a[ok], td_a[ok], sub_keys, keys is not None, eps, clip_v, n, key_base, added
             )
         st = self._status
         return int(st[2]), pmax, int(st[3]), invalid  # host numbers: the buffer skips no-ops
 
-    def _kernel_update(
+    def _update(
         self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
         clip: float, n: int, key_base: int, added: int,
     ) -> float:  # fmt: skip
-        s = self.sampler
-        b = idx.shape[0]
-        if self._scratch.shape[0] < 2 * b:
-            self._scratch = np.empty(2 * b, dtype=np.int64)
-        if self._pscratch.shape[0] < b:
-            self._pscratch = np.empty(b, dtype=np.float64)
-        if isinstance(s, ProportionalSampler):
-            return float(_pk.prop_update(
-                s.raw, s.leaves, s.sinner, s.minner, s.offs, s.depth, idx, td, keys, use_keys,
-                eps, clip, s.alpha, self.limit, n, key_base, added, self.capacity,
-                self._pscratch, self._scratch, self._status, s.track_min,
-            ))  # fmt: skip
-        out_idx = self._scratch[:b]
-        out_p = self._pscratch[:b]
-        pmax = _ring.td_priorities(
-            idx, td, keys, use_keys, eps, clip, self.limit, n, key_base, added, self.capacity,
-            out_idx, out_p, self._status,
-        )  # fmt: skip
-        kept = int(self._status[2])
-        if self._status[0] == 0 and kept:
-            s.write(out_idx[:kept], out_p[:kept])
-        return float(pmax)
+        return self.sampler.update_from_td(
+            idx, td, keys, use_keys, eps, clip, n, key_base, added, self._status
+        )
 
     def set_alpha(self, alpha: float, n: int) -> None:
-        self.limit = priority_limit(self.max_value, alpha)
         self.sampler.set_alpha(alpha, n)
 
     def load(self, p: np.ndarray, n: int, alpha: float) -> None:
-        self.sampler.alpha = float(alpha)
-        self.limit = priority_limit(self.max_value, alpha)
-        self.sampler.reset_priorities(p, n)
+        self.sampler.load_state_dict({"alpha": float(alpha), "priorities": p}, n)
 
     def clear(self) -> None:
         self.sampler.clear()
 
     def nbytes(self) -> int:
-        seen = 0
-        for a in vars(self.sampler).values():
-            if isinstance(a, np.ndarray):
-                seen += a.nbytes
-        return int(seen)
+        s = self.sampler
+        tree = s.tree.nbytes if isinstance(s, ProportionalSampler) else 0
+        return int(s.raw_leaves.nbytes + tree)

@@ -3,11 +3,20 @@
 Rows stay on the device: ``gather`` returns device tensors, so a sampled
 batch never crosses to the host. ``add`` takes
 
-* torch tensors: checked by shape and dtype only, cast with
-  :func:`torch.can_cast` rules (e.g. float64 -> float32, int64 -> int32; not
-  float -> int). Their values are not inspected: that would need a host sync.
-  Tensors on the buffer's device are copied device to device; host tensors
-  go through the pinned staging below.
+* torch tensors: checked by shape and dtype, cast within their kind
+  (:func:`torch.can_cast`: e.g. float64 -> float32, int64 -> int32; not
+  float -> int or int -> bool: pass a tensor of the field's kind). A cast
+  that narrows (float64 -> float32, int64 -> int32, ...) could change
+  values: with ``check_values`` (default) they are checked with the rule and
+  the message of :class:`fastper.Storage` (a float that would overflow to
+  ``inf``, an integer out of range raise :class:`~fastper.errors.FieldTypeError`),
+  at the cost of one read-back from the device (a host sync on a GPU); a
+  tensor of the field's own dtype, or a widening cast, needs no check and no
+  sync. Without ``check_values`` nothing is read back and a narrowing cast
+  is torch's. A tensor that tracks gradients is stored detached (the columns
+  never join an autograd graph, and ``state_dict`` works). Tensors on the
+  buffer's device are copied device to device; host tensors go through the
+  pinned staging below.
 * anything else (numpy arrays, lists, numbers): checked and cast on the host
   as :class:`fastper.Storage` does (a cast that would change a value is
   refused), then copied to the device. On a CUDA device the copy goes
@@ -24,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int
+from ..buffer_core import check_flag
 from ..errors import FieldTypeError
 from ..storage import (
     Field,
@@ -36,7 +46,7 @@ from ..storage import (
     row_count,
     warn_if_too_large,
 )
-from ._torch import torch
+from ._torch import check_device, torch
 
 _NUMPY_TO_TORCH = {
     np.dtype(np.bool_): torch.bool,
@@ -49,6 +59,19 @@ _NUMPY_TO_TORCH = {
     np.dtype(np.float32): torch.float32,
     np.dtype(np.float64): torch.float64,
 }
+
+
+def narrows(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether casting ``src`` to ``dst`` (allowed by :func:`torch.can_cast`) may
+    change a value by overflow: a float type of smaller range, an integer type
+    that does not hold every value of ``src``. Ints and bools to floats, and
+    bools to anything, never overflow. O(1)."""
+    if src == torch.bool or (dst.is_floating_point and not src.is_floating_point):
+        return False
+    if src.is_floating_point:
+        return bool(torch.finfo(dst).max < torch.finfo(src).max)
+    s, d = torch.iinfo(src), torch.iinfo(dst)
+    return d.min > s.min or d.max < s.max
 
 
 def torch_dtype(name: str, dtype: np.dtype[Any]) -> torch.dtype:
@@ -69,12 +92,22 @@ class TorchStorage:
         fields: the field spec, as for :class:`fastper.Storage`.
         capacity: number of slots.
         device: where the columns live (default ``"cpu"``).
+        check_values: check the values of a tensor whose dtype narrows to the
+            field's (one host sync per such add; see the module docstring).
     """
 
-    def __init__(self, fields: Mapping[str, FieldLike], capacity: int, device: Any = "cpu") -> None:
+    def __init__(
+        self,
+        fields: Mapping[str, FieldLike],
+        capacity: int,
+        device: Any = "cpu",
+        *,
+        check_values: bool = True,
+    ) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields: dict[str, Field] = make_fields(fields)
-        self.device = torch.device(device)
+        self.device = check_device(device)
+        self.check_values = check_flag("check_values", check_values)
         self.dtypes = {name: torch_dtype(name, f.dtype) for name, f in self.fields.items()}
         if self.device.type == "cpu":  # (a GPU's allocator refuses at once, with the sizes)
             per_slot = sum(f.nbytes_per_item for f in self.fields.values())
@@ -108,17 +141,37 @@ class TorchStorage:
         check_names(self.fields, transition)
         out: dict[str, torch.Tensor] = {}
         lengths: dict[str, int | None] = {}
+        narrowed: list[str] = []
         for name, field in self.fields.items():
-            t = transition[name]
+            t = transition[name].detach()  # the columns never join an autograd graph
             lengths[name] = row_count(name, field, tuple(t.shape))
             want = self.dtypes[name]
-            if t.dtype != want and not torch.can_cast(t.dtype, want):
-                raise FieldTypeError(
-                    f"field `{name}` is {want}; a {t.dtype} tensor cannot be cast to it "
-                    "without changing values (cast it first)"
-                )
+            if t.dtype != want:
+                if not torch.can_cast(t.dtype, want):
+                    raise FieldTypeError(
+                        f"field `{name}` is {want}; a {t.dtype} tensor cannot be cast to it "
+                        "without changing values (cast it first)"
+                    )
+                if self.check_values and narrows(t.dtype, want):
+                    narrowed.append(name)
             out[name] = t.reshape((1, *field.shape)) if lengths[name] is None else t
-        return out, batch_length(lengths, self.capacity)
+        k = batch_length(lengths, self.capacity)
+        for name in narrowed:
+            self._check_cast(name, out[name])
+        return out, k
+
+    def _check_cast(self, name: str, t: torch.Tensor) -> None:
+        """Refuse a narrowing cast that would change a value, as :class:`fastper.Storage`
+        does (the same rule and message). One read-back from the device. O(B)."""
+        want = self.dtypes[name]
+        if t.dtype.is_floating_point:
+            changed = torch.isfinite(t) & ~torch.isfinite(t.to(want))  # overflow to inf
+        else:
+            info = torch.iinfo(want)
+            changed = (t < info.min) | (t > info.max)
+        if bool(changed.any()):
+            # the host rule decides and words the error (FieldTypeError)
+            coerce_batch({name: self.fields[name]}, {name: t}, None)
 
     def _source(self, name: str, src: Any, k: int) -> torch.Tensor:
         """A tensor holding ``src[:k]`` that can be copied into the column."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._torch import torch
+from ._torch import check_device, torch
 
 K = 64  # children per node
 
@@ -84,9 +84,11 @@ class DeviceSumTree:
     The device counterpart of :class:`fastper.SumTree`, with the same
     contract: leaves start at 0, ``set`` keeps the last of duplicate
     indices, ``find`` never returns a zero leaf while the total is positive.
-    Its public methods validate their input, which reads values back from the
-    device (a host sync); the buffers use the unchecked ``_`` methods, which
-    never synchronise.
+    :meth:`set`, :meth:`get` and :meth:`find` validate their input, which
+    reads values back from the device (a host sync); the buffers use the
+    unchecked methods (:meth:`write_unchecked`, :meth:`fill_run`,
+    :meth:`fix_range`, :meth:`find_unchecked`, :meth:`last_wins`), which never
+    synchronise and trust the caller's indices and values.
 
     Args:
         capacity: number of leaves (>= 1).
@@ -98,7 +100,7 @@ class DeviceSumTree:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"`capacity` must be an int >= 1, got capacity={capacity!r}")
         self.capacity = capacity
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.track_min = bool(track_min)
         sizes = layout(capacity)
         self.depth = len(sizes) - 1
@@ -115,7 +117,7 @@ class DeviceSumTree:
         self._down = torch.full((1, 1), -math.inf, dtype=f64, device=dev)  # nextafter's direction
         self.max_value = max_leaf(capacity)
 
-    # -- unchecked, sync-free core (the buffers call these) -------------------------
+    # -- unchecked, sync-free core (the buffers call these) ---------------------------
     @property
     def leaves(self) -> torch.Tensor:
         """The leaf tensor itself (padded to a multiple of 64)."""
@@ -151,7 +153,7 @@ class DeviceSumTree:
         w.index_fill_(0, idx, -1)  # back to all -1 for the next call
         return win
 
-    def _write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
+    def write_unchecked(self, idx: torch.Tensor, values: torch.Tensor) -> None:
         """Set leaves ``idx`` to ``values`` and fix their paths. Duplicates must carry
         equal values (see :meth:`last_wins`); ``idx`` in range. O(B log N), no sync.
 
@@ -175,13 +177,18 @@ class DeviceSumTree:
                     m = self.min_levels[lv - 1].view(-1, K).index_select(0, j).amin(1)
                 self.min_levels[lv].index_put_((j,), m)
 
-    def _fill_run(self, start: int, count: int, value: torch.Tensor) -> None:
-        """Leaves ``start .. start+count-1`` (no wrap) all get ``value`` (0-dim tensor). No sync."""
-        self.levels[0][start : start + count].copy_(value.expand(count))
-        self._fix_range(start, start + count - 1)
+    def fill_run(self, start: int, count: int, value: torch.Tensor) -> None:
+        """Leaves ``start .. start+count-1`` (no wrap) all get ``value`` (0-dim tensor). No sync.
 
-    def _fix_range(self, lo: int, hi: int) -> None:
-        """Recompute the ancestors of leaves ``lo .. hi`` (contiguous). O(hi - lo + log N)."""
+        Unchecked: the run must lie in ``[0, capacity)`` and ``value`` be finite,
+        >= 0 and <= :attr:`max_value`. O(count + log N).
+        """
+        self.levels[0][start : start + count].copy_(value.expand(count))
+        self.fix_range(start, start + count - 1)
+
+    def fix_range(self, lo: int, hi: int) -> None:
+        """Recompute the ancestors of leaves ``lo .. hi`` (contiguous), after the caller
+        wrote those leaves in :attr:`leaves` directly. O(hi - lo + log N), no sync."""
         for lv in range(1, self.depth + 1):
             lo //= K
             hi //= K
@@ -194,8 +201,10 @@ class DeviceSumTree:
                     m = self.min_levels[lv - 1][lo * K : (hi + 1) * K].view(-1, K).amin(1)
                 self.min_levels[lv][lo : hi + 1] = m
 
-    def _find(self, targets: torch.Tensor) -> torch.Tensor:
+    def find_unchecked(self, targets: torch.Tensor) -> torch.Tensor:
         """Leaf of each target (float64 tensor in ``[0, total]``). O(B log N), no sync.
+
+        Unchecked (:meth:`find` checks): with a zero total every target gives leaf 0.
 
         Per level: the children's inclusive prefix sums, the target capped just
         below their total (so that a target at or past it takes the last
@@ -279,7 +288,7 @@ class DeviceSumTree:
         if idx.shape[0] == 0:
             return
         win = self.last_wins(idx)
-        self._write(idx, v.index_select(0, win))
+        self.write_unchecked(idx, v.index_select(0, win))
 
     def get(self, indices: Any) -> torch.Tensor:
         """Leaf values at ``indices`` (float64 tensor). O(B)."""
@@ -300,7 +309,7 @@ class DeviceSumTree:
         t = self._values(
             "targets", targets, _as_tensor(targets, self.device).numel(), total, "total"
         )
-        return self._find(t)
+        return self.find_unchecked(t)
 
     def leaves_copy(self) -> torch.Tensor:
         """A copy of the addressable leaves. O(N)."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .coordinator import MANIFEST, ShardedReplayBuffer, ShardLostWarning
+from .coordinator import MANIFEST, ShardedReplayBuffer
 from .plan import ShardView, rendezvous, split_points
 from .shard import Shard
-from .transport import LocalTransport, ShardLostError, Transport
+from .transport import LocalTransport, ShardLostError, ShardLostWarning, Transport
 
 __all__ = [
     "MANIFEST",

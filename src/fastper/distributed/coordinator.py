@@ -1,11 +1,27 @@
 """The learner's side of sharded replay: one buffer's API over K shards.
 
-:class:`ShardedReplayBuffer` samples the union of its shards exactly as one
-buffer holding all their priorities would (see :mod:`.plan`), with IS weights
-over the global N and the global smallest probability; routes priority
-updates to the owning shard with the keys that drop stale ones; places
-inserts by rendezvous hashing of a key or round robin; checkpoints all shards
-under one manifest; and applies a policy when a shard is lost.
+:class:`ShardedReplayBuffer` is an index over remote shards: it keeps each
+shard's *view* (total mass, smallest mass, size, transitions added; every
+reply of a shard carries it) and nothing else. It samples the union of its
+shards exactly as one buffer holding all their priorities would (see
+:mod:`.plan`), with IS weights over the global N and the global smallest
+mass; routes priority updates to the owning shard with the keys that drop
+stale ones; places inserts by rendezvous hashing of a key or round robin;
+checkpoints all shards under one manifest; and applies a policy when a shard
+is lost.
+
+Shards change behind the coordinator's back (actors insert straight into
+them), so every sample asks every live shard, in its one parallel round
+trip: the shards that got points search them (``sample_mass``), the others
+report their view (``view``, O(1)). Each reply's view replaces the old one,
+so N, the smallest mass and the shares of the next sample are never older
+than the last sample. A shard whose view held no mass gets no point of the
+draw; if its reply shows mass now (or a shard seen with mass holds none),
+the draw is discarded and made again over the fresh views: one more round
+trip, only when a shard seen empty has filled or one has emptied. Whether to
+draw again depends on the replies' views, never on where the points fell, so
+the probabilities returned are always those of the draw actually used; N is
+the sum of the sizes the shards replied with.
 
 Global indices: shard ``s``'s slot ``i`` is ``offset[s] + i`` with
 ``offset`` the running sum of the shards' capacities, so a
@@ -18,14 +34,15 @@ transition added after the restore. Updates from an older generation are
 dropped (counted in :attr:`stale_updates`), even for transitions the
 checkpoint kept.
 
-Round trips: a sample is one parallel call to the shards that got draws
-(with K shards and B draws usually all K); an update one call per owning
-shard, not awaited; an insert one call to one shard.
+Round trips: a sample is one parallel call to every live shard (two when a
+shard seen empty has filled since, or one has emptied); an update one call per owning shard, not
+awaited; an insert one call to one shard.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -36,25 +53,29 @@ from typing import Any
 import numpy as np
 
 from .. import schedules as _sched
-from .._validation import as_index_array, as_value_array, check_int, check_real, show, to_numpy
+from .._validation import (
+    as_1d,
+    as_index_array,
+    as_value_array,
+    check_int,
+    check_real,
+    show,
+    unwrap_batch,
+)
 from ..batch import SampleBatch
-from ..errors import CheckpointError, EmptyBufferError, ZeroPriorityError
-from .plan import ShardView, combine_weights, rendezvous, split_points
-from .transport import LocalTransport, ShardLostError, Transport
+from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
+from ..policy import NORMS
+from .plan import ShardView, Split, combine_weights, rendezvous, split_points
+from .transport import LocalTransport, ShardLostError, ShardLostWarning, Transport
 
 __all__ = ["MANIFEST", "ShardLostWarning", "ShardedReplayBuffer"]
 
 MANIFEST = "manifest.json"
 _MANIFEST_FORMAT = 1
 _POLICIES = ("raise", "continue", "restore")
-_NORMS = ("buffer", "batch", "none")
 #: keys carry the shard's restore generation above this bit (2^40 inserts per shard)
 GENERATION_SHIFT = 40
 _KEY_MASK = (1 << GENERATION_SHIFT) - 1
-
-
-class ShardLostWarning(RuntimeWarning):
-    """A shard was lost and the buffer went on without it (``on_shard_loss="continue"``)."""
 
 
 class ShardedReplayBuffer:
@@ -66,14 +87,20 @@ class ShardedReplayBuffer:
         beta: IS exponent, a number or a schedule of :attr:`step`.
         stratified, shuffle: as for the local buffers (B equal slices of the
             global mass; the batch handed back in random order).
-        weight_norm: ``"buffer"`` (largest weight over all shards = 1),
-            ``"batch"`` or ``"none"``.
+        weight_norm: ``"buffer"`` (largest weight over all shards = 1; needs
+            shards that keep their smallest mass: prioritized buffers made
+            with ``weight_norm="buffer"``, or uniform ones), ``"batch"`` or
+            ``"none"``.
         on_shard_loss: ``"raise"`` (:class:`ShardLostError`, nothing changed),
             ``"continue"`` (go on exactly over the survivors; a
             :class:`ShardLostWarning` and :attr:`lost_shards` say so) or
             ``"restore"`` (reload the shard from its last checkpoint under
             :meth:`save`, then go on; raise if it has none).
         seed: seed of the coordinator's generator (all the draws).
+
+    Raises:
+        ValueError: bad settings, shards of different fields or schemes, or
+            ``weight_norm="buffer"`` over shards that keep no smallest mass.
     """
 
     def __init__(
@@ -89,8 +116,8 @@ class ShardedReplayBuffer:
     ) -> None:
         if not isinstance(transport, Transport):
             raise TypeError(f"`transport` must be a Transport, got transport={show(transport)}")
-        if weight_norm not in _NORMS:
-            raise ValueError(f"`weight_norm` must be one of {list(_NORMS)}, got {weight_norm!r}")
+        if weight_norm not in NORMS:
+            raise ValueError(f"`weight_norm` must be one of {list(NORMS)}, got {weight_norm!r}")
         if on_shard_loss not in _POLICIES:
             raise ValueError(
                 f"`on_shard_loss` must be one of {list(_POLICIES)}, got {on_shard_loss!r}"
@@ -120,10 +147,12 @@ class ShardedReplayBuffer:
                 f"schemes {sorted(schemes)} and {len(fields)} different field specs"
             )
         self.scheme: str = info[0]["scheme"]
+        self._fields: dict[str, Any] = dict(info[0]["fields"])
         self._capacities = np.array([i["capacity"] for i in info], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self._capacities)]).astype(np.int64)
         self._views: list[ShardView] = [i["view"] for i in info]
         self._generation = np.zeros(k, dtype=np.int64)
+        self._check_minima(range(k))
 
     # -- introspection ---------------------------------------------------------
     @classmethod
@@ -170,6 +199,11 @@ class ShardedReplayBuffer:
         return self._stale_generation
 
     @property
+    def fields(self) -> dict[str, Any]:
+        """The shards' field spec: ``{name: (shape, dtype string)}`` (as ``Shard.describe``)."""
+        return dict(self._fields)
+
+    @property
     def capacity(self) -> int:
         """Slots over all shards."""
         return int(self._offsets[-1])
@@ -189,7 +223,7 @@ class ShardedReplayBuffer:
         return [ShardView(v.total, v.min_mass, v.size, v.added) for v in self._views]
 
     def __len__(self) -> int:
-        """Transitions over the live shards, as of their last replies (see :meth:`refresh`)."""
+        """Transitions over the live shards, as of their last replies (every sample's included)."""
         return int(sum(v.size for s, v in enumerate(self._views) if s not in self._lost))
 
     def refresh(self) -> None:
@@ -198,6 +232,19 @@ class ShardedReplayBuffer:
         views = self._call_all([(s, "view", ()) for s in live])
         for s, v in zip(live, views, strict=True):
             self._views[s] = v
+
+    def _check_minima(self, shards: Any) -> None:
+        """Refuse ``weight_norm="buffer"`` over shards that keep no smallest mass (NaN)."""
+        if self._norm != "buffer":
+            return
+        bad = [int(s) for s in shards if math.isnan(self._views[s].min_mass)]
+        if bad:
+            raise ValueError(
+                "`weight_norm` must be 'batch' or 'none' over shards that do not keep their "
+                f"smallest mass (shards {bad}: buffers made with weight_norm 'batch' or 'none'), "
+                "got weight_norm='buffer'; make every shard's buffer with weight_norm='buffer' "
+                "to normalise over the whole memory"
+            )
 
     def _live(self) -> list[int]:
         return [s for s in range(self.n_shards) if s not in self._lost]
@@ -296,10 +343,15 @@ class ShardedReplayBuffer:
     def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
         """Draw ``batch_size`` transitions over all live shards. One parallel round trip.
 
-        The shards' shares come from their last replies; the probabilities
-        returned are those actually used (see :mod:`.plan`). IS weights use
-        the global N and the global smallest probability. A call that raises
-        leaves the generator and the step as they were.
+        The shards' shares come from their last replies; every live shard is
+        asked in the same round trip (the ones without points for their view),
+        and a draw is made again over the fresh views when a shard seen empty
+        holds mass now, or one seen with mass holds none (see the module
+        docstring). The probabilities returned
+        are those actually used (see :mod:`.plan`). IS weights use the global
+        N and the global smallest mass, as of the replies. A call that raises
+        leaves the generator and the step as they were. O(B log B + K) here,
+        plus the shards' O(B_s log N_s) searches.
 
         Raises:
             EmptyBufferError: no live shard holds anything.
@@ -327,35 +379,68 @@ class ShardedReplayBuffer:
         # that the shares of this sample must reflect (sent a learner step ago,
         # they are normally done; the shard runs them before this sample anyway)
         self._harvest()
-        live = self._live()
-        if not any(self._views[s].total > 0.0 for s in live):
-            self.refresh()  # maybe only our view is empty: inserts went straight to the shards
-        totals = np.array(
-            [self._views[s].total if s in live else 0.0 for s in range(self.n_shards)]
-        )
-        if not totals.sum() > 0.0:
-            if sum(self._views[s].size for s in live) == 0:
-                raise EmptyBufferError("cannot sample: no live shard holds a transition")
-            raise ZeroPriorityError("cannot sample: every stored priority is zero")
-        u = self._rng.random(b)
-        split = split_points(u, totals, self._stratified)
-        involved = [s for s in range(self.n_shards) if totals[s] > 0.0 and (split.shard == s).any()]
-        pos = [split.draws_of(s) for s in involved]
-        replies = self._call_all(
-            [
-                (s, "sample_mass", (split.local[p], float(totals[s])))
-                for s, p in zip(involved, pos, strict=True)
+        tries = self.n_shards + 1  # a redraw needs a shard seen empty that filled since
+        for attempt in range(tries):
+            final = attempt == tries - 1
+            live = self._live()
+            if not any(self._views[s].total > 0.0 for s in live):
+                self.refresh()  # maybe only our view is empty: inserts went straight to the shards
+            totals = np.zeros(self.n_shards, dtype=np.float64)
+            totals[live] = [self._views[s].total for s in live]
+            if not totals.sum() > 0.0:
+                if sum(self._views[s].size for s in live) == 0:
+                    raise EmptyBufferError("cannot sample: no live shard holds a transition")
+                raise ZeroPriorityError("cannot sample: every stored priority is zero")
+            self._check_minima(live)
+            u = self._rng.random(b)
+            split = split_points(u, totals, self._stratified)
+            groups = split.groups()
+            calls = [
+                (s, "sample_mass", (split.local[groups[s]], float(totals[s])))
+                if groups[s].size
+                else (s, "view", ())
+                for s in live
             ]
-        )
-        cur_tot = totals.copy()
-        cur_min = np.array([self._views[s].min_mass for s in range(self.n_shards)])
+            try:
+                replies = self._call_all(calls)
+            except (EmptyBufferError, ZeroPriorityError):
+                if final:
+                    raise
+                self.refresh()  # a shard lost its mass since its view: draw again over the rest
+                continue
+            for s, r in zip(live, replies, strict=True):
+                self._views[s] = ShardView(r.total, r.min_mass, r.size, r.added)
+            # a shard the draw could not reach holds mass now, or one it could reach holds
+            # none (it got no point, by luck): draw again over the fresh views. Whether to
+            # draw again depends on the views only, never on where the points fell.
+            filled = any(totals[s] <= 0.0 < self._views[s].total for s in live)
+            emptied = any(self._views[s].total <= 0.0 < totals[s] for s in live)
+            if (filled or emptied) and not final:
+                continue
+            if emptied:
+                raise EmptyBufferError(
+                    f"cannot sample: shards lost their mass while being sampled {tries} times "
+                    "in a row; sample again"
+                )
+            return self._assemble(b, beta, split, groups, live, replies)
+        raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
+
+    def _assemble(
+        self, b: int, beta: float, split: Split, groups: list[np.ndarray], live: list[int],
+        replies: list[Any],
+    ) -> SampleBatch:  # fmt: skip
+        """The batch from the shards' replies to one draw. O(B + K x fields)."""
+        cur_tot = np.zeros(self.n_shards, dtype=np.float64)
+        cur_min = np.full(self.n_shards, np.inf)
         masses = np.empty(b, dtype=np.float64)
         idx = np.empty(b, dtype=np.int64)
         keys = np.empty(b, dtype=np.int64)
         data: dict[str, np.ndarray] = {}
-        for s, p, r in zip(involved, pos, replies, strict=True):
-            self._views[s] = ShardView(r.total, r.min_mass, r.size, r.added)
+        for s, r in zip(live, replies, strict=True):
             cur_tot[s], cur_min[s] = r.total, r.min_mass
+            p = groups[s]
+            if not p.size:
+                continue
             masses[p] = r.masses
             idx[p] = np.asarray(r.indices, dtype=np.int64) + self._offsets[s]
             keys[p] = np.asarray(r.keys, dtype=np.int64) + (
@@ -365,7 +450,7 @@ class ShardedReplayBuffer:
                 if name not in data:
                     data[name] = np.empty((b, *arr.shape[1:]), dtype=arr.dtype)
                 data[name][p] = arr
-        size = len(self)
+        size = int(sum(r.size for r in replies))  # N as the shards replied: every live one did
         prob, weights = combine_weights(split, masses, cur_tot, cur_min, size, beta, self._norm)
         if self._shuffle and b > 1:
             perm = self._rng.permutation(b)
@@ -382,40 +467,86 @@ class ShardedReplayBuffer:
     ) -> int:
         """Send ``|td|`` to the owning shards, with keys; returns the entries sent (or applied).
 
+        The arguments are checked as :meth:`fastper.PrioritizedReplayBuffer.update_priorities`
+        checks them (integer indices and keys, finite real td errors, one per
+        index), and each index must name a slot its shard has filled (below
+        its insert count) and each key one its shard issued, checked against
+        the shards' views (if one looks unwritten, the views are asked again
+        first, one round trip). A call that raises sends nothing and changes
+        nothing.
+
         Not awaited by default: the replies (each shard's new view) are
         collected at the next call. With ``wait=True`` the call waits and
         returns how many were applied (stale ones dropped by the shards).
-        Updates for a lost shard are dropped under ``"continue"``.
+        Updates for a lost shard are dropped under ``"continue"``; those with
+        keys from before their shard's last restore are dropped here (counted
+        in :attr:`stale_updates`). ``update_priorities(batch, td_errors)``
+        takes the batch's indices and keys. O(B log B + K) here.
 
         Raises:
-            ValueError / InvalidIndexError: bad shapes, indices outside the
-                global range, non-finite td errors; nothing is sent then.
+            TypeError: indices or keys that are not integers, td errors that
+                are not real numbers.
+            ValueError: not 1-D, lengths that differ, non-finite td errors,
+                keys this buffer never issued.
+            InvalidIndexError: indices outside the global range or naming
+                slots never written.
         """
-        idx = as_index_array("indices", indices, self.capacity)
-        td = as_value_array("td_errors", to_numpy(td_errors), idx.shape[0], nonnegative=False)
-        k = None
-        if keys is not None:
-            k = to_numpy(keys).astype(np.int64, copy=False).reshape(-1)
-            if k.shape != idx.shape:
+        indices, keys = unwrap_batch(indices, keys)
+        idx = as_1d("indices", indices, "iu")
+        td = as_1d("td_errors", td_errors, "iuf")
+        use_keys = keys is not None
+        k = as_1d("keys", keys, "iu") if use_keys else idx
+        for name, arr in (("td_errors", td), ("keys", k)):
+            if arr.shape[0] != idx.shape[0]:
                 raise ValueError(
-                    f"`keys` must have one entry per index ({idx.shape[0]}), got {k.shape[0]}"
+                    f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
+                    f"got {name} with {arr.shape[0]}"
                 )
+        idx = as_index_array("indices", idx, self.capacity)
+        td = as_value_array("td_errors", td, idx.shape[0], nonnegative=False)
         owner = self._split_indices(idx)
+        slots = idx - self._offsets[owner]
+        live = ~np.isin(owner, self._lost) if self._lost else np.ones(idx.shape[0], dtype=bool)
+        current = live
+        local = None
+        if use_keys:
+            gen = k >> GENERATION_SHIFT
+            ahead = (k < 0) | (gen > self._generation[owner])
+            if ahead.any():
+                raise ValueError(
+                    "`keys` must be keys issued by this buffer (from its samples), got "
+                    f"keys={show(k[ahead][:8])}"
+                )
+            current = live & (gen == self._generation[owner])
+            local = k & _KEY_MASK
+        unwritten, unissued = self._unknown(owner, slots, local, current)
+        if unwritten.any() or unissued.any():
+            self._refresh_by_policy()  # our views may lag inserts that went straight to a shard
+            live = ~np.isin(owner, self._lost) if self._lost else live
+            current = current & live
+            unwritten, unissued = self._unknown(owner, slots, local, current)
+        if unwritten.any():
+            bad = idx[unwritten][:8]
+            raise InvalidIndexError(
+                "`indices` must name written slots (a shard that took n transitions has filled "
+                f"its first min(n, capacity) slots), got never-written indices={show(bad)}"
+            )
+        if unissued.any():
+            raise ValueError(
+                "`keys` must be keys issued by this buffer (from its samples), got "
+                f"keys={show(np.asarray(k)[unissued][:8])}"
+            )
+        # checked: from here on the call commits
+        if use_keys:
+            self._stale_generation += int((live & ~current).sum())
+        send = np.flatnonzero(current)
+        order = send[np.argsort(owner[send], kind="stable")]  # the last duplicate still wins
+        counts = np.bincount(owner[order], minlength=self.n_shards)
+        bounds = np.concatenate(([0], np.cumsum(counts)))
         calls = []
-        for s in np.unique(owner).tolist():
-            if s in self._lost:
-                continue
-            sel = np.flatnonzero(owner == s)  # order kept: the last duplicate still wins
-            shard_keys = None
-            if k is not None:
-                current = (k[sel] >> GENERATION_SHIFT) == self._generation[s]
-                self._stale_generation += int((~current).sum())
-                sel = sel[current]
-                if sel.size == 0:
-                    continue
-                shard_keys = k[sel] & _KEY_MASK
-            slots = idx[sel] - self._offsets[s]
-            calls.append((s, slots, td[sel], shard_keys))
+        for s in np.flatnonzero(counts).tolist():
+            sel = order[bounds[s] : bounds[s + 1]]
+            calls.append((s, slots[sel], td[sel], None if local is None else local[sel]))
         if not wait:
             self._pending += [
                 (s, self._t.submit(s, "update_priorities", sl, t, kk)) for s, sl, t, kk in calls
@@ -435,6 +566,30 @@ class ShardedReplayBuffer:
             applied += int(n)
             calls.pop(0)
         return applied
+
+    def _unknown(
+        self, owner: np.ndarray, slots: np.ndarray, local: np.ndarray | None, check: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Entries (among ``check``) naming slots or keys beyond their shard's view. O(B + K).
+
+        A shard that has taken ``added`` transitions has written slots below
+        ``min(added, capacity)`` only (its ring fills slot ``k % capacity``
+        with the ``k``-th) and issued keys below ``added``.
+        """
+        added = np.array([v.added for v in self._views], dtype=np.int64)
+        unwritten = check & (slots >= np.minimum(added, self._capacities)[owner])
+        if local is None:
+            return unwritten, np.zeros_like(unwritten)
+        return unwritten, check & (local >= added[owner])
+
+    def _refresh_by_policy(self) -> None:
+        """:meth:`refresh`, applying the loss policy to a shard that is gone."""
+        while True:
+            try:
+                self.refresh()
+                return
+            except ShardLostError as exc:
+                self._on_loss(exc)
 
     def flush(self) -> None:
         """Wait for the updates in flight and take in their replies."""

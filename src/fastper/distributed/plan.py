@@ -7,15 +7,22 @@ stratified points over the sum of the totals, and gives each shard the points
 that fall in its share, as offsets into its own mass. Laid end to end in
 shard order, the shards' sum trees are one sum tree, so the shard and the
 slot found for a point are the ones a single tree over all leaves would find.
+The rules are :mod:`fastper.policy`'s, the ones every buffer uses:
+:func:`~fastper.policy.stratified_targets` for the points,
+:func:`~fastper.policy.probabilities` and :func:`~fastper.policy.is_weights`
+for what comes back.
 
 Under concurrent writes a shard's total may have moved between the
-coordinator's view and the search. Then the shard rescales its points to its
-current total (:meth:`fastper.PrioritizedReplayBuffer.sample_mass`), and the
+coordinator's view ``T_s`` and the search. Then the shard rescales its points
+to its current total ``C_s`` (:meth:`fastper.PrioritizedReplayBuffer.sample_mass`),
+and a draw's mass *in the split's units* is ``g_i = m_i * T_s / C_s``; the
 probability of a draw is the one actually used::
 
-    P(i) = (view_total[s] / view_sum) * mass_i / current_total[s]
+    P(i) = g_i / T = (T_s / T) * m_i / C_s        (T = sum of the view totals)
 
-which is ``mass_i / sum of all masses`` whenever nothing moved.
+When the view of the draw's shard is current (``T_s == C_s``) the draw's mass
+is its own mass ``m_i``, unscaled, so with one shard and an up-to-date view
+the probabilities and weights are bit-identical to one buffer's.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ShardView", "Split", "combine_weights", "rendezvous", "split_points"]
+from ..policy import is_weights, probabilities, stratified_targets
+
+__all__ = ["ShardView", "Split", "combine_weights", "global_masses", "rendezvous", "split_points"]
 
 
 @dataclass
@@ -55,27 +64,36 @@ class Split:
     view_sum: float
 
     def draws_of(self, s: int) -> np.ndarray:
-        """Positions (in draw order) of the draws that went to shard ``s``."""
+        """Positions (in draw order) of the draws that went to shard ``s``. O(B)."""
         return np.flatnonzero(self.shard == s)
+
+    def groups(self) -> list[np.ndarray]:
+        """Positions (in draw order) of the draws of every shard, one array per shard.
+
+        O(B log B + K): one stable sort of the shard numbers.
+        """
+        k = self.view_totals.shape[0]
+        order = np.argsort(self.shard, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(self.shard, minlength=k))))
+        return [order[bounds[s] : bounds[s + 1]] for s in range(k)]
 
 
 def split_points(u: np.ndarray, totals: np.ndarray, stratified: bool) -> Split:
     """Assign ``len(u)`` draws to shards by their totals. O(B log K).
 
-    ``u`` are uniforms in [0, 1); stratified draw ``j`` lands in the ``j``-th
-    of ``B`` equal slices of the summed mass (``(j + u_j) * sum / B``, the
-    single buffer's formula), otherwise at ``u_j * sum``. A point goes to the
-    first shard whose running total exceeds it (shards of zero mass get none),
-    as a sum tree over all shards' leaves in shard order would send it.
+    ``u`` are uniforms in [0, 1); the points are
+    :func:`fastper.policy.stratified_targets` over the summed mass (stratified
+    draw ``j`` at ``(j + u_j) * sum / B``, the single buffer's formula;
+    otherwise ``u_j * sum``). A point goes to the first shard whose running
+    total exceeds it (shards of zero mass get none), as a sum tree over all
+    shards' leaves in shard order would send it.
     """
     totals = np.asarray(totals, dtype=np.float64)
     b = u.shape[0]
     cum = np.cumsum(totals)
     view_sum = float(cum[-1])
-    if stratified:
-        points = (np.arange(b, dtype=np.float64) + u) * view_sum / b
-    else:
-        points = u * view_sum
+    positions = np.arange(b, dtype=np.float64) if stratified else None
+    points = stratified_targets(u, view_sum, positions)
     shard = np.searchsorted(cum, points, side="right")
     # a point at (or rounded onto) the sum: the last shard with mass, as the tree does
     last = int(np.flatnonzero(totals > 0.0)[-1])
@@ -92,6 +110,37 @@ def split_points(u: np.ndarray, totals: np.ndarray, stratified: bool) -> Split:
     return Split(shard.astype(np.int64), local, totals.copy(), view_sum)
 
 
+def global_masses(
+    split: Split, masses: np.ndarray, current_totals: np.ndarray, current_mins: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """Each draw's mass in the split's units, and the smallest such mass. O(B + K).
+
+    A draw from shard ``s`` with mass ``m`` has mass ``m * T_s / C_s`` in the
+    split's units (``T_s`` the view total it was drawn against, ``C_s`` the
+    shard's total when it searched); exactly ``m`` where ``T_s == C_s``. The
+    smallest is taken over the shards the split could draw from (``T_s > 0``)
+    that still hold mass, each shard's smallest positive mass scaled alike
+    (``inf`` when there is none); a NaN minimum (a shard that keeps none)
+    comes out as NaN.
+    """
+    vt = split.view_totals
+    ct = np.asarray(current_totals, dtype=np.float64)
+    mins = np.asarray(current_mins, dtype=np.float64)
+    s = split.shard
+    moved = ct[s] != vt[s]
+    g = np.array(masses, dtype=np.float64, copy=True)
+    if moved.any():
+        g[moved] = masses[moved] * (vt[s[moved]] / ct[s[moved]])
+    drawable = (vt > 0.0) & (ct > 0.0)
+    if not drawable.any():
+        return g, float("inf")
+    scale = np.ones_like(vt)
+    shifted = drawable & (ct != vt)
+    scale[shifted] = vt[shifted] / ct[shifted]
+    per_shard = np.where(shifted, mins * scale, mins)[drawable]
+    return g, float(per_shard.min())
+
+
 def combine_weights(
     split: Split,
     masses: np.ndarray,
@@ -103,29 +152,28 @@ def combine_weights(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Probabilities actually used and IS weights of the draws. O(B + K).
 
+    :func:`fastper.policy.probabilities` and :func:`fastper.policy.is_weights`
+    of the draws' masses in the split's units (:func:`global_masses`) over the
+    split's total: ratios of masses, as one buffer takes them.
+
     Args:
         split: the draws' assignment.
         masses: each draw's mass (as found by its shard).
-        current_totals: each shard's total when it searched (the view's for
-            shards that got no draw).
+        current_totals: each shard's total when it searched (or reported its
+            view in the same round trip, for shards that got no draw).
         current_mins: each shard's smallest positive mass then.
         size: transitions over all shards (the N of ``(N P)^-beta``).
         beta: IS exponent.
         norm: ``"buffer"`` (divide by the largest weight over all shards: the
-            smallest probability), ``"batch"`` or ``"none"``.
+            smallest mass), ``"batch"`` or ``"none"``.
     """
-    share = split.view_totals / split.view_sum  # each shard's share of the draws
-    s = split.shard
-    prob = share[s] * masses / current_totals[s]
     if norm == "buffer":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            per_shard = np.where(current_totals > 0, share * current_mins / current_totals, np.inf)
-        pmin = float(per_shard.min())
-        weights = np.power(prob / pmin, -beta)
-    elif norm == "batch":
-        weights = np.power(prob / prob.min(), -beta)
-    else:
-        weights = np.power(size * prob, -beta)
+        g, g_min = global_masses(split, masses, current_totals, current_mins)
+    else:  # the minimum is not read: shards need not keep it
+        g, _ = global_masses(split, masses, current_totals, np.ones_like(split.view_totals))
+        g_min = 1.0
+    prob = probabilities(g, split.view_sum)
+    weights = is_weights(g, split.view_sum, g_min, size, beta, norm)
     return prob, weights
 
 

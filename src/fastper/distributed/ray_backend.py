@@ -18,7 +18,8 @@ Pieces:
   :class:`~fastper.distributed.ShardedReplayBuffer` over them;
 * :class:`~fastper.distributed.ray_router.ShardRouter` (actors insert straight
   into shards) and :mod:`~fastper.distributed.ray_limiter` (a samples-per-insert
-  rate limiter across processes), re-exported here.
+  rate limiter across processes), re-exported here; what they share
+  (importing Ray, its errors) is :mod:`~fastper.distributed.ray_common`'s.
 
 Checkpoints are always fastper files written by the shards themselves (on
 their own machine: give ``save`` a directory every shard can reach, e.g. a
@@ -33,19 +34,18 @@ import time
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .._validation import check_int, check_real, show
 from ..errors import CheckpointError
+from .coordinator import ShardedReplayBuffer
+from .ray_common import lost_types, require_ray, unwrap_ray_error
 from .ray_limiter import RateLimitedSharded, RateLimiterActor, rate_limiter
 from .ray_router import ShardRouter
 from .shard import Shard
 from .transport import ShardLostError
-
-if TYPE_CHECKING:
-    from .coordinator import ShardedReplayBuffer
 
 __all__ = [
     "RateLimitedSharded",
@@ -61,17 +61,7 @@ __all__ = [
     "unwrap_ray_error",
 ]
 
-_HINT = "fastper's Ray back end needs Ray: pip install 'fastper[ray]'"
 _PLACEMENTS = ("spread", "local")
-
-
-def require_ray() -> Any:
-    """The ``ray`` module, imported on first use; ImportError with the install hint if missing."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(f"{_HINT} (import ray failed: {exc})") from exc
-    return ray
 
 
 # -- the actor body ---------------------------------------------------------------
@@ -114,7 +104,7 @@ class ShardHost(Shard):
         Returns :meth:`describe`. Keys continue from the file's insertion
         counter.
         """
-        from ..buffer_state import load
+        from ..loading import load
 
         Shard.__init__(self, load(path))
         return self.describe()
@@ -157,32 +147,6 @@ def _shard_actor_class() -> Any:
         actor_cls = type("ShardActor", (ShardHost,), methods)
         _REMOTE["shard"] = require_ray().remote(actor_cls)
     return _REMOTE["shard"]
-
-
-# -- errors --------------------------------------------------------------------------
-def _lost_types(ray: Any) -> tuple[type[BaseException], ...]:
-    """Ray errors meaning the shard's process or machine is gone (not a method's error)."""
-    ex = ray.exceptions
-    # RayActorError covers ActorDiedError and ActorUnavailableError; a reply
-    # whose node died raises ObjectLostError (and its subclasses)
-    return (ex.RayActorError, ex.ObjectLostError, ex.NodeDiedError)
-
-
-def unwrap_ray_error(exc: BaseException) -> BaseException:
-    """The error a remote method raised, as itself (a ValueError stays a ValueError).
-
-    Ray wraps a method's exception in ``RayTaskError``; its ``cause`` is the
-    original object (unpickled here). Anything else is returned unchanged.
-    """
-    ray = require_ray()
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayTaskError):
-            if cause.__cause__ is None:
-                cause.__cause__ = exc  # keeps the remote traceback in the chain
-            return cause
-        return exc.as_instanceof_cause()
-    return exc
 
 
 class _Call:
@@ -229,15 +193,18 @@ class RayTransport:
         self.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
         self._options = dict(actor_options or {})
         if nodes is None:
-            nodes = self._ask_nodes()
+            nodes = self.ask_nodes()
         if len(nodes) != len(self._actors):
             raise ValueError(
                 f"`nodes` must name one node per actor ({len(self._actors)}), got {len(nodes)}"
             )
         self._nodes: list[str | None] = list(nodes)
 
-    def _ask_nodes(self) -> list[str | None]:
-        """Each actor's node, asked in parallel (``None`` for actors without ``node_id``)."""
+    def ask_nodes(self) -> list[str | None]:
+        """Each actor's node, asked in parallel (``None`` for actors without ``node_id``).
+
+        One parallel round trip; :meth:`refresh_nodes` also keeps the answer.
+        """
         calls: dict[int, _Call] = {}
         for s, a in enumerate(self._actors):
             try:
@@ -246,6 +213,11 @@ class RayTransport:
                 pass
         got = dict(zip(calls, self.results(list(calls.values())), strict=True))
         return [got.get(s) for s in range(len(self._actors))]
+
+    def refresh_nodes(self) -> list[str | None]:
+        """Ask every actor for its node now and keep the answers (:attr:`nodes`). One round trip."""
+        self._nodes = self.ask_nodes()
+        return list(self._nodes)
 
     @property
     def n_shards(self) -> int:
@@ -296,7 +268,7 @@ class RayTransport:
             raise ShardLostError(
                 p.shard, f"no reply within timeout={self.timeout:g} s (treated as lost)"
             ) from exc
-        except _lost_types(ray) as exc:
+        except lost_types(ray) as exc:
             raise ShardLostError(p.shard, f"{type(exc).__name__}: {_first_line(exc)}") from exc
         except ray.exceptions.RayTaskError as exc:
             raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
@@ -447,7 +419,7 @@ def ray_shards(
             [t.submit(s, "build", caps[s], dict(fields), bool(uniform), {"seed": s, **bk})
              for s in range(n)]
         )  # fmt: skip
-        t._nodes = t._ask_nodes()  # noqa: SLF001 - filled in once the actors are up
+        t.refresh_nodes()  # the actors are up: now they can say where they run
     except BaseException:
         t.close()
         raise
@@ -475,8 +447,6 @@ def sharded_on_ray(
     hand routers to actors, or kill a shard in a drill, keep the transport:
     ``t = ray_shards(...); buf = ShardedReplayBuffer(t, ...); router = t.router()``.
     """
-    from .coordinator import ShardedReplayBuffer
-
     t = ray_shards(
         n_shards, capacity, fields, uniform=uniform, buffer_kwargs=buffer_kwargs,
         placement=placement, num_cpus=num_cpus, timeout=timeout, actor_options=actor_options,
@@ -510,8 +480,6 @@ def load_on_ray(
         CheckpointError: no manifest, missing files, or a set saved with shards
             already lost.
     """
-    from .coordinator import ShardedReplayBuffer
-
     d = Path(directory).absolute()
     m = ShardedReplayBuffer.read_manifest(d)
     n = len(m["capacities"])
@@ -524,7 +492,7 @@ def load_on_ray(
     t = RayTransport(_start(n, opts), nodes=[None] * n, actor_options=opts)
     try:
         t.results([t.submit(s, "reload", str(d / m["shards"][str(s)]["file"])) for s in range(n)])
-        t._nodes = t._ask_nodes()  # noqa: SLF001
+        t.refresh_nodes()
         t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
         out = ShardedReplayBuffer(t, **kwargs)
         out.restore_state(d)

@@ -39,9 +39,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._validation import check_int, check_real, show
-from ..limiter import _DEFAULT, RateLimiter, RateLimiterCancelled, RateLimitTimeout
+from ..limiter import RateLimiter, RateLimiterCancelled, RateLimitTimeout
+from .ray_common import call_limiter, count_rows, require_ray
 
 __all__ = ["RateLimitedSharded", "RateLimiterActor", "call_limiter", "rate_limiter"]
+
+
+class _Default:
+    """The wrapper's own timeout (``RateLimitedSharded(timeout=...)``)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+_DEFAULT: Any = _Default()
 
 
 class RateLimiterActor:
@@ -71,6 +82,8 @@ class RateLimiterActor:
         else:
             self.limiter = RateLimiter(samples_per_insert, min_size_to_sample, error_buffer)
         self.capacity = math.inf if capacity is None else check_int("capacity", capacity, minimum=1)
+        if capacity is not None:  # a minimum the shards can never hold: every sample would hang
+            self.limiter.check_capacity(int(capacity))
         self.pending = 0  # admitted inserts not yet landed
         self.cancelled = False
         self._cond: asyncio.Condition | None = None
@@ -217,8 +230,6 @@ def rate_limiter(
     shards hold together, if the limiter should know the buffer is full.
     The actor reserves ``num_cpus`` (0: it mostly waits).
     """
-    from .ray_backend import require_ray
-
     RateLimiter(samples_per_insert, min_size_to_sample, error_buffer)  # raises / warns here
     ray = require_ray()
     opts: dict[str, Any] = {"num_cpus": check_real("num_cpus", num_cpus, minimum=0.0),
@@ -228,19 +239,6 @@ def rate_limiter(
     return cls.options(**opts).remote(
         samples_per_insert, min_size_to_sample, error_buffer, capacity
     )
-
-
-def call_limiter(ref: Any) -> Any:
-    """``ray.get`` of a limiter call; its errors as themselves, a gone limiter as cancelled."""
-    from .ray_backend import _lost_types, require_ray, unwrap_ray_error
-
-    ray = require_ray()
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:
-        raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
-    except _lost_types(ray) as exc:
-        raise RateLimiterCancelled(f"the rate limiter actor is gone: {exc}") from exc
 
 
 class RateLimitedSharded:
@@ -293,12 +291,8 @@ class RateLimitedSharded:
         env_ids: Any = None, timeout: float | None = _DEFAULT,
     ) -> Any:  # fmt: skip
         """``sharded.add`` once the limiter admits its rows; counted as landed when it returns."""
-        from .ray_router import count_rows
-
         if self._fields is None:
-            # the coordinator does not expose its transport (yet): ask a shard for the fields
-            t = getattr(self.sharded, "transport", None) or self.sharded._t  # noqa: SLF001
-            self._fields = t.results([t.submit(0, "describe")])[0]["fields"]
+            self._fields = self.sharded.fields  # the shards' field spec, as describe() gives it
         rows = count_rows(self._fields, transition)
         wait = self.timeout if timeout is _DEFAULT else timeout
         call_limiter(self.limiter.await_insert.remote(rows, wait))

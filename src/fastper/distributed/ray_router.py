@@ -4,8 +4,9 @@ The learner's :class:`~fastper.distributed.ShardedReplayBuffer` need not see
 the data actors produce: each actor holds a router (made by
 ``RayTransport.router()``, pickled into the actor like any argument) that
 sends its batches to a shard and keeps a few in flight. The coordinator
-learns the new totals from the shards' next replies (the probabilities it
-returns are always the ones actually used; see :mod:`.plan`).
+learns the new totals at its next sample, which asks every live shard (a
+shard it saw empty included; the probabilities it returns are always the ones
+actually used; see :mod:`.coordinator` and :mod:`.plan`).
 
 Placement (``placement=``):
 
@@ -26,29 +27,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from .._validation import check_int, check_real
 from .plan import rendezvous
-from .transport import ShardLostError
+from .ray_common import call_limiter, count_rows, lost_types, require_ray, unwrap_ray_error
+from .transport import ShardLostError, ShardLostWarning
 
 __all__ = ["ShardRouter", "count_rows"]
 
 _PLACEMENTS = ("local", "key")
-
-
-def count_rows(fields: Mapping[str, Any], transition: Mapping[str, Any]) -> int:
-    """Rows in ``transition``: B for a batch (one leading dimension more than the field), else 1.
-
-    ``fields`` maps names to ``(shape, dtype)`` (a shard's ``describe()["fields"]``). O(fields).
-    """
-    for name, value in transition.items():
-        spec = fields.get(name)
-        if spec is None:
-            continue
-        shape = tuple(np.shape(value))
-        return int(shape[0]) if len(shape) == len(tuple(spec[0])) + 1 else 1
-    return 1
 
 
 class ShardRouter:
@@ -151,16 +137,12 @@ class ShardRouter:
         if self.key is not None:
             return self.key
         if self._own_key is None:
-            from .ray_backend import require_ray
-
             ctx = require_ray().get_runtime_context()
             self._own_key = ctx.get_actor_id() or ctx.get_worker_id()
         return self._own_key
 
     def _my_node(self) -> str:
         if self._here is None:
-            from .ray_backend import require_ray
-
             self._here = str(require_ray().get_runtime_context().get_node_id())
         return self._here
 
@@ -217,9 +199,6 @@ class ShardRouter:
         router stopped settling while it waited, rows already in the shards
         could hold the learner back while the learner holds this router back.
         """
-        from .ray_backend import require_ray
-        from .ray_limiter import call_limiter
-
         ray = require_ray()
         ref = self.limiter.await_insert.remote(rows, self.limiter_timeout)
         try:
@@ -246,8 +225,6 @@ class ShardRouter:
         while self._pending:
             self._collect(block=True, oldest_only=False)
         if self._settles:
-            from .ray_limiter import call_limiter
-
             settles, self._settles = self._settles, []
             for ref in settles:
                 call_limiter(ref)
@@ -257,8 +234,6 @@ class ShardRouter:
         """Take in answered inserts (all that are done; or wait for the oldest / all)."""
         if not self._pending:
             return
-        from .ray_backend import _lost_types, require_ray, unwrap_ray_error
-
         ray = require_ray()
         refs = [p[1] for p in self._pending]
         if block and oldest_only:
@@ -277,13 +252,11 @@ class ShardRouter:
             try:
                 ray.get(ref)
                 landed += rows
-            except _lost_types(ray) as exc:
+            except lost_types(ray) as exc:
                 failed += rows
                 self.dropped += rows
                 if s not in self._lost:
                     self._lost.add(s)
-                    from .coordinator import ShardLostWarning
-
                     warnings.warn(
                         f"shard {s} is lost ({type(exc).__name__}); this router sends to the "
                         f"{len(self._actors) - len(self._lost)} others from now on",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..batch import MassSample
-from ..buffer_state import load as _load
+from ..loading import load as _load
 from .plan import ShardView
 
 __all__ = ["Shard"]
@@ -27,10 +27,12 @@ class Shard:
     """A buffer serving its part of sharded replay.
 
     Args:
-        buffer: a :class:`~fastper.PrioritizedReplayBuffer` (with the default
-            ``weight_norm="buffer"``, which keeps the smallest mass) or a
-            :class:`~fastper.ReplayBuffer`. Rank-based replay cannot be
-            sharded exactly (a rank is a property of the whole memory).
+        buffer: a :class:`~fastper.PrioritizedReplayBuffer` or a
+            :class:`~fastper.ReplayBuffer`. Only a prioritized buffer with
+            the default ``weight_norm="buffer"`` keeps its smallest mass (its
+            view reports NaN otherwise), which a coordinator normalising over
+            the whole memory needs. Rank-based replay cannot be sharded
+            exactly (a rank is a property of the whole memory).
     """
 
     def __init__(self, buffer: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FastPERError
 
-__all__ = ["LocalTransport", "ShardLostError", "Transport"]
+__all__ = ["LocalTransport", "ShardLostError", "ShardLostWarning", "Transport"]
 
 
 class ShardLostError(FastPERError, RuntimeError):
@@ -28,6 +28,10 @@ class ShardLostError(FastPERError, RuntimeError):
     def __init__(self, shard: int, why: str) -> None:
         super().__init__(f"shard {shard} is lost: {why}")
         self.shard = shard
+
+
+class ShardLostWarning(RuntimeWarning):
+    """A shard was lost and sharded replay went on without it."""
 
 
 @runtime_checkable
@@ -78,7 +82,7 @@ class LocalTransport:
         self.shards: list[Any] = list(shards)
         self._lost: set[int] = set()
         if loader is None:
-            from ..buffer_state import load as default_loader
+            from ..loading import load as default_loader
 
             loader = default_loader
         self._loader: Callable[[str], Any] = loader

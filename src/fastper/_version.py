@@ -1,0 +1,3 @@
+"""The package version, in one place (the checkpoint header records it)."""
+
+__version__ = "0.6.0"

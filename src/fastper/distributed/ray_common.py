@@ -1,0 +1,84 @@
+"""What the Ray back end's modules share: importing Ray, its errors, counting rows.
+
+The Ray modules depend on each other in one direction only::
+
+    ray_common  <-  ray_limiter  <-  ray_backend
+         ^                               |
+         +--------  ray_router  <--------+
+
+(``ray_backend`` re-exports the others' names). Importing this module does
+not import Ray; :func:`require_ray` does, on first use, and says how to install
+it when it is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..limiter import RateLimiterCancelled
+
+__all__ = ["call_limiter", "count_rows", "lost_types", "require_ray", "unwrap_ray_error"]
+
+_HINT = "fastper's Ray back end needs Ray: pip install 'fastper[ray]'"
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, imported on first use; ImportError with the install hint if missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"{_HINT} (import ray failed: {exc})") from exc
+    return ray
+
+
+def lost_types(ray: Any) -> tuple[type[BaseException], ...]:
+    """Ray errors meaning the callee's process or machine is gone (not a method's error)."""
+    ex = ray.exceptions
+    # RayActorError covers ActorDiedError and ActorUnavailableError; a reply
+    # whose node died raises ObjectLostError (and its subclasses)
+    return (ex.RayActorError, ex.ObjectLostError, ex.NodeDiedError)
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The error a remote method raised, as itself (a ValueError stays a ValueError).
+
+    Ray wraps a method's exception in ``RayTaskError``; its ``cause`` is the
+    original object (unpickled here). Anything else is returned unchanged.
+    """
+    ray = require_ray()
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayTaskError):
+            if cause.__cause__ is None:
+                cause.__cause__ = exc  # keeps the remote traceback in the chain
+            return cause
+        return exc.as_instanceof_cause()
+    return exc
+
+
+def call_limiter(ref: Any) -> Any:
+    """``ray.get`` of a limiter call; its errors as themselves, a gone limiter as cancelled."""
+    ray = require_ray()
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
+    except lost_types(ray) as exc:
+        raise RateLimiterCancelled(f"the rate limiter actor is gone: {exc}") from exc
+
+
+def count_rows(fields: Mapping[str, Any], transition: Mapping[str, Any]) -> int:
+    """Rows in ``transition``: B for a batch (one leading dimension more than the field), else 1.
+
+    ``fields`` maps names to ``(shape, dtype)`` (a shard's ``describe()["fields"]``). O(fields).
+    """
+    for name, value in transition.items():
+        spec = fields.get(name)
+        if spec is None:
+            continue
+        shape = tuple(np.shape(value))
+        return int(shape[0]) if len(shape) == len(tuple(spec[0])) + 1 else 1
+    return 1
