@@ -59,14 +59,14 @@ def _members(cls: type) -> list[tuple[str, Any]]:
             continue
         if isinstance(member, property | staticmethod | classmethod) or inspect.isfunction(member):
             out.append((name, member))
-    # inherited public API from fastper's own private bases (e.g. _Buffer, BufferCore)
+    # inherited public API from fastper's own private bases (_Buffer, BufferCore, mixins)
     for base in cls.__mro__[1:]:
         if (
             base.__module__.startswith("fastper")
             and base.__name__.startswith("_")
             or (
                 base.__module__.startswith("fastper")
-                and base.__name__ in ("BufferCore", "StateMixin")
+                and (base.__name__ == "BufferCore" or base.__name__.endswith("Mixin"))
             )
         ):
             for name, member in vars(base).items():

@@ -55,15 +55,13 @@ from ._validation import (
     check_int,
     check_real,
     show,
-    to_numpy,
     unwrap_batch,
 )
-from .batch import Gathered, MassSample, SampleBatch, check_batch_size
+from .batch import SampleBatch
 from .buffer_core import MaxPriorityPolicy
-from .buffer_state import StateMixin, StorageLike, locked
-from .errors import EmptyBufferError
-from .frames import FrameStore, default_frame_capacity
-from .nstep import NEXT_OBS_KEYS, TERMINATED_KEYS, TRUNCATED_KEYS, NStepPlan
+from .buffer_rows import RowsMixin
+from .buffer_state import StorageLike, locked
+from .frames import FrameStore, frame_store_for
 from .samplers import (
     NORM_CODES,
     PriorityMax,
@@ -78,7 +76,6 @@ from .storage import (
     PlacedByMass,
     ReplayStorage,
     Storage,
-    coerce_batch,
     make_fields,
 )
 from .validity import Validity
@@ -89,7 +86,7 @@ __all__ = ["PrioritizedReplayBuffer", "RankBasedReplayBuffer", "ReplayBuffer", "
 _NO_KEYS = np.empty(0, dtype=np.int64)
 
 
-class _Buffer(StateMixin):
+class _Buffer(RowsMixin):
     """Shared machinery; use one of the three public buffers."""
 
     def __init__(
@@ -127,9 +124,10 @@ class _Buffer(StateMixin):
         self._input_fields = make_fields(fields)
         self._frames: FrameStore | None = None
         if frame_stack is not None:
-            self._frames = self._frame_store(
-                capacity, frame_stack, frame_capacity, frame_pad, n_envs, autoreset, nstep_keys
-            )
+            self._frames = frame_store_for(
+                self._input_fields, capacity, frame_stack, frame_capacity, frame_pad, n_envs,
+                autoreset, nstep_keys,
+            )  # fmt: skip
             fields = {
                 **self._input_fields,
                 self._frames.name: Field((), np.dtype(np.int64)),
@@ -147,6 +145,7 @@ class _Buffer(StateMixin):
         self._storage = self._make_storage(storage, stored)
         # optional parts of the storage protocol (see fastper.storage.ReplayStorage)
         self._gather_can_fail = bool(getattr(self._storage, "gather_can_fail", True))
+        self._concurrent_gather = bool(getattr(self._storage, "concurrent_gather", False))
         self._placed = self._storage if isinstance(self._storage, PlacedByMass) else None
         # bytes of one gathered row (frame stacks: both stacks), for the batch size check
         self._row_nbytes = sum(f.nbytes_per_item for f in self._storage.fields.values())
@@ -184,65 +183,6 @@ class _Buffer(StateMixin):
                 f"capacity={made.capacity} and fields {dict(made.fields)}"
             )
         return made
-
-    def _frame_store(
-        self,
-        capacity: Any,
-        frame_stack: Any,
-        frame_capacity: Any,
-        frame_pad: Any,
-        n_envs: Any,
-        autoreset: Any,
-        nstep_keys: Mapping[str, str | None] | None,
-    ) -> FrameStore:
-        """Check the frame settings against the fields; the store of the frame stream."""
-        if not isinstance(frame_stack, Mapping) or len(frame_stack) != 1:
-            raise ValueError(
-                "`frame_stack` must map one observation field to its stack size, e.g. "
-                f"frame_stack={{'obs': 4}}, got frame_stack={show(frame_stack)}"
-            )
-        ((name, k),) = frame_stack.items()
-        fields = self._input_fields
-        keys = dict(nstep_keys or {})
-        next_name = keys.get("next_obs") or f"next_{name}"
-        if next_name not in fields and name == "obs":
-            next_name = next((f for f in NEXT_OBS_KEYS if f in fields), next_name)
-        for need in (name, next_name):
-            if need not in fields:
-                raise ValueError(
-                    f"`frame_stack` names field {name!r}, whose next observation is field "
-                    f"{next_name!r}: both must be fields (one frame each), got fields "
-                    f"{list(fields)}"
-                )
-        if fields[name] != fields[next_name]:
-            raise ValueError(
-                f"fields {name!r} and {next_name!r} must have the same shape and dtype, got "
-                f"{fields[name]} and {fields[next_name]}"
-            )
-        done: list[str] = []
-        for role, names in (("terminated", TERMINATED_KEYS), ("truncated", TRUNCATED_KEYS)):
-            if role in keys:
-                key = keys[role]
-                if key is not None:
-                    if key not in fields:
-                        raise ValueError(f"`nstep_keys` names {role} field {key!r}, not a field")
-                    done.append(key)
-                continue
-            found = next((f for f in names if f in fields), None)
-            if found is None:
-                raise ValueError(
-                    f"frame streams must know where episodes end: no {role} field found "
-                    f"(looked for {list(names)}); add one, or say there is none with "
-                    f"nstep_keys={{'{role}': None}}"
-                )
-            done.append(found)
-        cap = check_int("capacity", capacity, minimum=1)
-        fcap = default_frame_capacity(cap) if frame_capacity is None else frame_capacity
-        return FrameStore(
-            name, next_name, fields[name], k, fcap, pad=frame_pad,
-            n_envs=None if n_envs is None else check_int("n_envs", n_envs, minimum=1),
-            autoreset=autoreset, done_keys=tuple(done), transitions=cap,
-        )  # fmt: skip
 
     def _default_scheme_options(self) -> dict[str, Any]:
         return {}
@@ -329,27 +269,6 @@ class _Buffer(StateMixin):
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
         return self._sampler.raw[idx].copy()
 
-    @locked
-    def probabilities(self, indices: Any, batch_size: int | None = None) -> np.ndarray:
-        """P(i) one draw picks each slot with, under the law ``sample`` uses. O(B) (rank: O(B log N)).
-
-        ``batch_size`` matters only to a rank-based buffer with ``segments=True``
-        (default: the last sample's batch size).
-        """
-        idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        if batch_size is not None:
-            batch_size = check_int("batch_size", batch_size, minimum=1)
-        if len(self) == 0:
-            return np.empty(0, dtype=np.float64)
-        if self._validity.all_valid:
-            return self._sampler.probabilities(idx, len(self), batch_size)
-        nv = self.num_valid
-        valid = self._validity.valid(idx)
-        prob = np.zeros(idx.shape[0], dtype=np.float64)
-        if nv and valid.any():
-            prob[valid] = self._sampler.probabilities(idx[valid], nv, batch_size)
-        return prob
-
     def _apply_alpha(self, alpha: float) -> None:
         if alpha != self._sampler.alpha:
             self._sampler.check_priorities("priorities", self._sampler.raw[: len(self)], alpha)
@@ -377,416 +296,10 @@ class _Buffer(StateMixin):
             p = float(policy)
         return min(p, self._priority_cap())
 
-    # -- add ---------------------------------------------------------------------
-    @locked
-    def add(
-        self, transition: Mapping[str, Any], priorities: Any = None, *, env_ids: Any = None
-    ) -> np.ndarray:
-        """Store one transition or a batch (leading dimension); O(B log N).
-
-        Args:
-            transition: ``{field: value}`` for every field; a value of the
-                field's shape is one transition, one with an extra leading
-                dimension a batch. Values are cast to the field's dtype where no
-                value changes (e.g. float64 -> float32, integral floats -> int).
-                NaN and inf in float fields are stored as given, unchecked.
-            priorities: optional raw priorities p_i (>= 0, finite), one per
-                transition; by default each gets :attr:`max_priority`. Not
-                accepted with n-step or stream tracking.
-            env_ids: the stream (env / actor id, int >= 0) of each row, for
-                n-step windows and ``autoreset``; rows of one stream in one
-                batch are consecutive steps. Not needed with ``n_envs`` (a
-                batch is one step of every env) or for single transitions of
-                one env.
-
-        Returns:
-            The slots written (int64); with n-step, those of the transitions
-            completed by this call (possibly none).
-
-        Raises:
-            ValueError: missing / unknown fields, wrong shapes, an empty batch,
-                a batch larger than the capacity (with n-step: one that would
-                also complete more), bad priorities, or a batch whose streams
-                are unknown (n-step without ``env_ids`` or ``n_envs``).
-            FieldTypeError: a value that cannot be cast safely.
-        """
-        if self._frames is not None:
-            return self._add_frames(transition, priorities, env_ids)
-        if self._nstep is not None:
-            self._refuse_priorities_with_windows(priorities)
-            batch, k = coerce_batch(self._nstep.fields, transition, None)
-            plan = self._plan_windows(batch, k, env_ids)
-            out, m = plan.out, plan.count
-            # the rows first, the windows after: a storage whose write fails (a full
-            # disk) leaves the windows as they were too
-            slots = self._write_rows(out, m, None)
-            self._nstep.commit(plan)
-            return slots
-        prepared, k = self._storage.prepare(transition)
-        if env_ids is not None:
-            ids = to_numpy(env_ids).reshape(-1)
-            if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
-                raise ValueError(
-                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
-                )
-        return self._write(prepared, k, self._given_priorities(priorities, k))
-
-    @staticmethod
-    def _refuse_priorities_with_windows(priorities: Any) -> None:
-        if priorities is not None:
-            raise ValueError(
-                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
-            )
-
-    def _plan_windows(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> NStepPlan:
-        """The n-step plan of ``k`` rows; refuses a batch that completes too many."""
-        assert self._nstep is not None
-        plan = self._nstep.prepare(batch, k, env_ids)
-        m, cap = plan.count, self._capacity
-        if m > cap and k > cap:
-            raise ValueError(
-                f"a batch must not complete more than capacity={cap} transitions, got {m}"
-            )
-        return plan
-
-    def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
-        """``add``'s ``priorities`` as k checked values (None: not given)."""
-        if priorities is None:
-            return None
-        arr = to_numpy(priorities)
-        p = as_value_array("priorities", arr.reshape(-1) if arr.ndim == 0 else arr, k)
-        self._sampler.check_priorities("priorities", p)
-        return p
-
-    def _write_rows(self, out: dict[str, np.ndarray], m: int, p: np.ndarray | None) -> np.ndarray:
-        """Write ``m`` checked rows (``p``: their priorities, or None); the slots.
-
-        An episode end flushes pending n-step windows with the batch: more than
-        ``capacity`` may complete from a batch that fits. They are written in
-        ring order, ``capacity`` at a time, so the ring keeps the last
-        ``capacity``, as if added one by one (``p`` is None then: priorities are
-        refused with n-step).
-        """
-        cap = self._capacity
-        if m == 0:
-            return np.empty(0, dtype=np.int64)
-        if m <= cap:
-            return self._write(out, m, p)
-        return np.concatenate([
-            self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-            for lo in range(0, m, cap)
-        ])  # fmt: skip
-
-    def _add_frames(self, transition: Any, priorities: Any, env_ids: Any) -> np.ndarray:
-        """``add`` for a frame buffer: frames to the frame ring, ids to the transitions."""
-        frames = self._frames
-        assert frames is not None
-        nstep = self._nstep
-        if nstep is not None:
-            self._refuse_priorities_with_windows(priorities)
-        batch, k = coerce_batch(self._input_fields, transition, None)
-        fplan = frames.plan(batch, k, env_ids)
-        rows = fplan.batch
-        p = None
-        if nstep is not None:
-            plan = self._plan_windows(rows, k, env_ids)
-            out, m = plan.out, plan.count
-        else:
-            out, m = coerce_batch(self._storage.fields, rows, self._capacity)
-            p = self._given_priorities(priorities, k)
-        # every check has passed; the rows are written first, so a storage whose
-        # write fails (a full disk) leaves the frames and windows as they were
-        first_key = self._writer.added
-        slots = self._write_rows(out, m, p)
-        w = self._writer
-        # the new transitions are filed below, so only older ones can lose a frame here
-        lost = frames.commit(fplan, w.key_base, first_key)
-        if nstep is not None:
-            nstep.commit(plan)
-        keys = first_key + np.arange(m, dtype=np.int64)
-        born = frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys, w.key_base)
-        gone = self._invalidate_keys(np.concatenate([lost, born]))
-        frames.invalidated += gone
-        return slots
-
-    def _refile_frames(self, n: int) -> None:
-        """File every stored valid transition under its oldest frame again (after a load). O(N k)."""
-        frames = self._frames
-        assert frames is not None
-        frames.reset_refs()
-        w = self._writer
-        keys = np.arange(w.added - n, w.added, dtype=np.int64)
-        slots = (keys - w.key_base) % self._capacity
-        valid = self._validity.valid(slots)
-        keys, slots = keys[valid], slots[valid]
-        if keys.shape[0] == 0:
-            return
-        ids = self._storage.gather(slots)
-        born = frames.reference(ids[frames.name], ids[frames.next_name], keys, w.key_base)
-        self._invalidate_keys(born)
-
-    def _invalidate_keys(self, keys: np.ndarray) -> int:
-        """Make the stored transitions among ``keys`` invalid; how many became so."""
-        if keys.shape[0] == 0:
-            return 0
-        w = self._writer
-        keys = keys[keys >= w.added - w.size]
-        return self._invalidate_slots((keys - w.key_base) % self._capacity)
-
-    def _invalidate_slots(self, slots: np.ndarray) -> int:
-        """Zero mass and mask for the valid ones of stored ``slots``. O(B log N)."""
-        fresh = self._validity.fresh(slots)
-        if fresh.shape[0] == 0:
-            return 0
-        self._sampler.invalidate(fresh, len(self))
-        self._validity.invalidate(fresh)
-        if self._current_max is not None:
-            self._current_max.fix(fresh)
-        return int(fresh.shape[0])
-
-    @locked
-    def invalidate(self, indices: Any) -> int:
-        """Make stored slots invalid: never drawn, under every scheme. O(B log N).
-
-        An invalid slot has zero mass in the index, is not counted in the N of
-        the IS weights, and updates to it are dropped, until ``add`` writes a
-        new transition into it. For storages that find rows they cannot trust
-        (a disk buffer's rows torn by a crash).
-
-        Returns:
-            How many of the slots became invalid (those already invalid excluded).
-
-        Raises:
-            InvalidIndexError: an index out of range or never written.
-        """
-        idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._invalidate_slots(idx)
-
-    @locked
-    def is_valid(self, indices: Any) -> np.ndarray:
-        """Whether each stored slot may be drawn (see :meth:`invalidate`). O(B)."""
-        idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._validity.valid(idx).copy()
-
-    @property
-    def num_valid(self) -> int:
-        """Transitions that can be sampled: ``len(self)`` less the invalid ones. O(1)."""
-        return len(self) - self._validity.n_invalid
-
-    @locked
-    def adopt(self, count: int) -> np.ndarray:
-        """Take the next ``count`` rows of the ring as written: storage holds them already.
-
-        For a storage that wrote rows itself (a disk buffer reopened after a
-        crash): the ring advances over them and each gets the new-transition
-        priority, exactly as :meth:`add` would have given it. Only the last
-        ``capacity`` rows count when ``count`` is larger. O(count log N).
-
-        Returns:
-            The slots taken (int64).
-        """
-        count = check_int("count", count, minimum=0)
-        out: list[np.ndarray] = []
-        left = count
-        while left > 0:
-            k = min(self._capacity, left)
-            w = self._writer
-            start = w.cursor
-            slots = w.slots(start, k)
-            priority = self._new_priority()
-            w.advance(k)
-            self._admit_run(start, k, priority)
-            out.append(slots)
-            left -= k
-        if self._current_max is not None and out:
-            self._current_max.fix(np.concatenate(out))
-        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
-
     @property
     def frame_store(self) -> FrameStore | None:
         """The frame ring of a ``frame_stack`` buffer (``None`` otherwise)."""
         return self._frames
-
-    def _gather(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        data = self._storage.gather(idx)
-        return data if self._frames is None else self._frames.gather(data)
-
-    def _write(
-        self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
-    ) -> np.ndarray:
-        w = self._writer
-        start = w.cursor
-        slots = w.slots(start, k)
-        for guard in self._guards:  # a save in progress keeps the rows it still needs
-            guard.before_write(slots)
-        priority = self._new_priority() if p is None else 0.0
-        self._storage.write(start, prepared, k)
-        w.advance(k)
-        if p is None:
-            self._admit_run(start, k, priority)
-        else:
-            self._max_seen = max(self._max_seen, float(p.max()))
-            self._validity.admit(slots)
-            self._sampler.write(slots, p, new=True)
-            self._after_admit()
-        if self._current_max is not None:
-            self._current_max.fix(slots)
-        return slots
-
-    def _admit_run(self, start: int, k: int, priority: float) -> None:
-        """New transitions in ``k`` slots from ``start`` (wrapping): valid, with one
-        priority for a contiguous run (two if it wraps)."""
-        first = min(k, self._capacity - start)
-        self._validity.admit_run(start, first)
-        self._sampler.write_run(start, first, priority)
-        if first < k:
-            self._validity.admit_run(0, k - first)
-            self._sampler.write_run(0, k - first, priority)
-        self._after_admit()
-
-    def _after_admit(self) -> None:
-        if self._validity.all_valid:
-            self._sampler.all_valid()
-
-    # -- sample ----------------------------------------------------------------
-    @locked
-    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
-        """Draw ``batch_size`` transitions with replacement. O(B log N).
-
-        With an alpha schedule, alpha changes only at steps that are
-        multiples of :attr:`alpha_every` (each change re-weighs every priority,
-        O(N)); the probabilities and weights are those of the alpha in force.
-
-        Args:
-            batch_size: number of draws, >= 1 (may exceed ``len(self)``).
-            beta: IS exponent; by default the beta schedule at :attr:`step`.
-
-        Returns:
-            A frozen :class:`SampleBatch`, in random order unless ``shuffle=False``.
-
-        Raises:
-            EmptyBufferError: the buffer holds nothing.
-            ZeroPriorityError: every priority is zero (proportional).
-            ValueError, TypeError: a bad ``batch_size`` or ``beta``.
-        """
-        idx, prob, weights, keys, rng_state = self._draw(batch_size, beta)
-        try:
-            data = self._gather(idx)
-        except BaseException:
-            if rng_state is not None:
-                self._rng.bit_generator.state = rng_state
-            raise
-        self._after_draw()
-        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
-
-    @locked
-    def draw(self, batch_size: int, beta: float | None = None) -> SampleBatch:
-        """The first half of :meth:`sample`: indices, keys, probabilities and weights. O(B log N).
-
-        Draws exactly as ``sample`` does (same generator, same step), but
-        reads no rows: ``data`` is empty. Read them with :meth:`gather`, which
-        does not hold the buffer's lock while it reads, so slow storage (disk,
-        tiers) does not block other threads' adds meanwhile.
-
-        Raises:
-            As :meth:`sample`.
-        """
-        idx, prob, weights, keys, _ = self._draw(batch_size, beta)
-        self._after_draw()
-        return SampleBatch(data={}, indices=idx, weights=weights, probabilities=prob, keys=keys)
-
-    def gather(self, indices: Any, keys: Any) -> Gathered:
-        """The rows of drawn slots, read without holding the lock while reading. O(B).
-
-        Args:
-            indices, keys: from :meth:`draw`.
-
-        Returns:
-            ``(data, fresh)`` (a :class:`~fastper.batch.Gathered`): the rows,
-            and a bool per row that is False where the slot was overwritten (its
-            key changed), made invalid or emptied (a ``clear``) since the draw:
-            that row belongs to another transition (or none), and must be
-            dropped or drawn again, never used with the drawn key.
-
-        Raises:
-            InvalidIndexError: an index outside ``[0, capacity)``.
-            ValueError: keys of another length.
-        """
-        with self._lock:
-            idx = as_index_array("indices", indices, self._capacity)
-            key_arr = _as_1d("keys", keys, "iu")
-            if key_arr.shape[0] != idx.shape[0]:
-                raise ValueError(
-                    f"`keys` must have {idx.shape[0]} entries (one per index), got keys with "
-                    f"{key_arr.shape[0]}"
-                )
-        data = self._gather(idx)  # outside the lock: adds may overwrite rows meanwhile
-        with self._lock:
-            stored = idx < len(self)
-            fresh = stored.copy()
-            if stored.any():
-                live = idx[stored]
-                fresh[stored] = (self._writer.keys(live) == key_arr[stored]) & (
-                    self._validity.valid(live)
-                )
-        return Gathered(data, fresh)
-
-    def _draw(
-        self, batch_size: int, beta: float | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
-        """Check, then draw (the caller holds the lock). The generator's state before
-        the draw comes back when a later read may fail and must restore it."""
-        b = check_batch_size(batch_size, self._row_nbytes)
-        beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
-        n = self._sampleable()
-        pending = self._pending_switch
-        if pending is not None and self._step >= pending["at_step"]:
-            self._switch(pending)  # checks before it changes anything
-        alpha = self._alpha_at(self._step)
-        old_alpha = self._sampler.alpha
-        try:
-            self._apply_alpha(alpha)
-            self._sampler.check_sampleable(n)
-        except BaseException:
-            self._apply_alpha(old_alpha)
-            raise
-        # Nothing below can fail on valid state, so the generator only advances
-        # once every check has passed: a raising call leaves it untouched.
-        # A storage that reads files can fail in gather: the generator is then restored.
-        rng_state = self._rng.bit_generator.state if self._gather_can_fail else None
-        u = self._rng.random(b)
-        w = self._writer
-        idx, prob, weights, keys = self._sampler.sample(
-            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], w.key_base, w.added
-        )
-        if self._shuffle and b > 1:
-            # slices come out in slot order: minibatches cut from a batch would
-            # each get a contiguous piece of the ring
-            perm = self._rng.permutation(b)
-            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        return idx, prob, weights, keys, rng_state
-
-    def _after_draw(self) -> None:
-        placed = self._placed
-        if placed is not None and placed.wants_masses:  # a tiered storage places chunks by mass
-            placed.rebalance(self._sampler.chunk_masses(placed.mass_chunk_size, len(self)))
-        self._step += 1
-
-    def _sampleable(self) -> int:
-        """The number of slots a draw may pick; raises when there is none. O(1)."""
-        if len(self) == 0:
-            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
-        n = self.num_valid
-        if n == 0:
-            why = (
-                "the frame ring overwrote their frames; raise `frame_capacity`"
-                if self._frames is not None
-                else "every stored slot was invalidated"
-            )
-            raise EmptyBufferError(
-                f"cannot sample: none of the {len(self)} stored transitions is valid ({why})"
-            )
-        return n
 
     # -- update ----------------------------------------------------------------
     @locked
@@ -809,7 +322,8 @@ class _Buffer(StateMixin):
             InvalidIndexError: an index out of range or never written.
             ValueError: td errors not finite, lengths differ, bad keys.
         """
-        indices, keys = unwrap_batch(indices, keys)
+        if type(indices) is not np.ndarray:  # a sampled batch stands for its indices and keys
+            indices, keys = unwrap_batch(indices, keys)
         idx = _as_1d("indices", indices, "iu")
         td = _as_1d("td_errors", td_errors, "iuf")
         use_keys = keys is not None
@@ -821,7 +335,7 @@ class _Buffer(StateMixin):
                     f"got {name} with {arr.shape[0]}"
                 )
         invalid = 0
-        if not self._validity.all_valid:
+        if self._validity.n_invalid:
             # invalid slots keep zero mass: drop their updates
             as_index_array("indices", idx, self._capacity, written=len(self))
             keep = self._validity.valid(idx)
@@ -893,74 +407,6 @@ class _Buffer(StateMixin):
         n = self._nstep.n_pending
         self._nstep.clear()
         return int(n)
-
-    # -- a part of a sample over several buffers ---------------------------------
-    @locked
-    def sample_mass(self, targets: Any, view_total: float | None = None) -> MassSample:
-        """The slots under given points of this buffer's sampling mass. O(B log N).
-
-        A buffer's half of a sample drawn over several buffers (the shards of
-        :mod:`fastper.distributed`): a coordinator that knows every buffer's
-        total mass draws stratified points over their union and sends each
-        buffer the points that fall in its share, as offsets into its mass
-        (``p_i ** alpha`` per slot when proportional, 1 per slot when uniform).
-        If the mass changed since the coordinator's view ``view_total``, the
-        points are rescaled to the current total: the buffer's share stays the
-        one the coordinator drew with, the slot within it follows the current
-        priorities, and the masses returned are the ones actually used.
-
-        Uses no randomness and does not advance :attr:`step`: the caller owns
-        the draws, beta and the weights (``masses`` and ``total`` give them).
-
-        Args:
-            targets: points in ``[0, view_total]`` (``[0, total]`` without a view).
-            view_total: the total the points were drawn against, or ``None``.
-
-        Raises:
-            EmptyBufferError: nothing stored. ZeroPriorityError: all masses zero.
-            TypeError: rank-based sampling (its mass is not additive).
-            ValueError: points outside the range, not finite, or not 1-D.
-        """
-        n = self._sampleable()
-        sampler = self._sampler
-        total, min_mass = sampler.mass_stats(n)
-        sampler.check_sampleable(n)
-        arr = to_numpy(targets)
-        if arr.ndim != 1:
-            raise ValueError(f"`targets` must be 1-D, got targets with shape {arr.shape}")
-        view = total if view_total is None else check_real("view_total", view_total)
-        if not view > 0.0:
-            raise ValueError(f"`view_total` must be > 0, got view_total={view!r}")
-        t = as_value_array("targets", arr, arr.shape[0], nonnegative=True)
-        if t.size and t.max() > view:
-            raise ValueError(
-                f"`targets` must be <= view_total={view!r}, got max target {float(t.max())!r}"
-            )
-        if view != total:
-            t = t * (total / view)
-        idx, masses = sampler.mass_find(t, n)
-        w = self._writer
-        return MassSample(
-            data=self._gather(idx),
-            indices=idx,
-            keys=w.keys(idx),
-            masses=masses,
-            total=total,
-            min_mass=min_mass,
-            size=n,
-            added=w.added,
-        )
-
-    @locked
-    def mass_stats(self) -> tuple[float, float, int, int]:
-        """(total mass, smallest positive mass, size, transitions ever added), O(1).
-
-        What a coordinator of several buffers needs to split a sample among
-        them (see :meth:`sample_mass`); rank-based buffers raise TypeError.
-        """
-        n = self.num_valid
-        total, min_mass = self._sampler.mass_stats(n)
-        return total, min_mass, n, self._writer.added
 
     @locked
     def clear(self) -> None:
@@ -1158,6 +604,18 @@ class RankBasedReplayBuffer(_Buffer):
 
     @locked
     def ranks(self, indices: Any) -> np.ndarray:
-        """1-based rank of each slot in the order the next sample uses. O(B log N)."""
+        """1-based rank of each slot in the order the next sample uses. O(B log N).
+
+        Raises:
+            InvalidIndexError: an index out of range or never written.
+            ValueError: an invalid slot (see :meth:`invalidate`): it has no rank.
+        """
         idx = as_index_array("indices", indices, self._capacity, written=len(self))
-        return self._rank_sampler().ranks(idx, len(self)) + 1
+        if self._validity.n_invalid:
+            bad = idx[~self._validity.valid(idx)]
+            if bad.size:
+                raise ValueError(
+                    f"`indices` must name valid slots (an invalid slot is out of the order), "
+                    f"got invalid slots {show(bad[:8])}"
+                )
+        return self._rank_sampler().ranks(idx, self.num_valid) + 1

@@ -158,6 +158,9 @@ class DiskStorage:
 
     #: rows are durable where they are: a checkpoint refers to them (see ``reference_state``)
     persistent = True
+    #: ``gather`` only reads (positioned reads, no shared state): it may run while
+    #: another thread writes (see :class:`fastper.storage.ReplayStorage`)
+    concurrent_gather = True
 
     def __init__(
         self,

@@ -67,8 +67,16 @@ from typing import Any
 import numpy as np
 
 from ._kernels import frames as _fk
-from ._validation import check_int
-from .nstep import check_env_ids, check_vector_step, lookup_rows, sort_ids
+from ._validation import check_int, show
+from .nstep import (
+    NEXT_OBS_KEYS,
+    TERMINATED_KEYS,
+    TRUNCATED_KEYS,
+    check_env_ids,
+    check_vector_step,
+    lookup_rows,
+    sort_ids,
+)
 from .storage import Field
 
 PADS = ("zero", "repeat")
@@ -294,7 +302,8 @@ class FrameStore:
         slots = (self.added + np.arange(m, dtype=np.int64)) % cap
         lost = _NO_KEYS
         if self.added + m > cap:  # overwrites: transitions needing those frames go invalid
-            over = slots[: min(m, self.added + m - cap)]
+            # the ring fills first: only the frames past its capacity overwrite old ones
+            over = slots[max(0, cap - self.added) :]
             out = np.empty(self.transitions, dtype=np.int64)
             count = _fk.pop_refs(over, self.head_ref, self.next_ref, key_base, added,
                                  self.transitions, out)  # fmt: skip
@@ -440,3 +449,67 @@ class FrameStore:
         self.added, self.invalidated = added, invalidated
         self._ids, self._last, self._pend = ids.copy(), last.copy(), pend.copy()
         self._sorted = None
+
+
+def frame_store_for(
+    fields: Mapping[str, Field],
+    capacity: Any,
+    frame_stack: Any,
+    frame_capacity: Any,
+    frame_pad: Any,
+    n_envs: Any,
+    autoreset: Any,
+    nstep_keys: Mapping[str, str | None] | None,
+) -> FrameStore:
+    """Check a buffer's frame settings against its ``fields``; the store of its frame stream.
+
+    Raises:
+        ValueError: a ``frame_stack`` that does not name one field and its next
+            observation (same shape and dtype), or no field that ends episodes.
+    """
+    if not isinstance(frame_stack, Mapping) or len(frame_stack) != 1:
+        raise ValueError(
+            "`frame_stack` must map one observation field to its stack size, e.g. "
+            f"frame_stack={{'obs': 4}}, got frame_stack={show(frame_stack)}"
+        )
+    ((name, k),) = frame_stack.items()
+    keys = dict(nstep_keys or {})
+    next_name = keys.get("next_obs") or f"next_{name}"
+    if next_name not in fields and name == "obs":
+        next_name = next((f for f in NEXT_OBS_KEYS if f in fields), next_name)
+    for need in (name, next_name):
+        if need not in fields:
+            raise ValueError(
+                f"`frame_stack` names field {name!r}, whose next observation is field "
+                f"{next_name!r}: both must be fields (one frame each), got fields "
+                f"{list(fields)}"
+            )
+    if fields[name] != fields[next_name]:
+        raise ValueError(
+            f"fields {name!r} and {next_name!r} must have the same shape and dtype, got "
+            f"{fields[name]} and {fields[next_name]}"
+        )
+    done: list[str] = []
+    for role, names in (("terminated", TERMINATED_KEYS), ("truncated", TRUNCATED_KEYS)):
+        if role in keys:
+            key = keys[role]
+            if key is not None:
+                if key not in fields:
+                    raise ValueError(f"`nstep_keys` names {role} field {key!r}, not a field")
+                done.append(key)
+            continue
+        found = next((f for f in names if f in fields), None)
+        if found is None:
+            raise ValueError(
+                f"frame streams must know where episodes end: no {role} field found "
+                f"(looked for {list(names)}); add one, or say there is none with "
+                f"nstep_keys={{'{role}': None}}"
+            )
+        done.append(found)
+    cap = check_int("capacity", capacity, minimum=1)
+    fcap = default_frame_capacity(cap) if frame_capacity is None else frame_capacity
+    return FrameStore(
+        name, next_name, fields[name], k, fcap, pad=frame_pad,
+        n_envs=None if n_envs is None else check_int("n_envs", n_envs, minimum=1),
+        autoreset=autoreset, done_keys=tuple(done), transitions=cap,
+    )  # fmt: skip

@@ -11,7 +11,7 @@ uniforms, every front end returns bit-identical probabilities and weights
 The rules:
 
 * **Stratified targets.** Draw ``k`` of ``B`` lands at
-  ``(k + u_k) * total / B``: the ``k``-th of ``B`` equal slices of the mass.
+  ``(k + u_k) * (total / B)``: the ``k``-th of ``B`` equal slices of the mass.
   Independent draws land at ``u_k * total``.
 * **Probabilities** are ``mass / total``, where a slot's mass is
   ``p_i ** alpha`` (proportional), ``1`` (uniform) or its rank weight.
@@ -43,7 +43,9 @@ def stratified_targets(u: Any, total: Any, positions: Any | None) -> Any:
     b = u.shape[0]
     if positions is None:
         return u * total
-    return (positions + u) * total / b
+    out = positions + u  # a new array (or tensor): the in-place step below touches only it
+    out *= total / b
+    return out
 
 
 def is_weights(masses: Any, total: Any, min_mass: Any, n: int, beta: float, norm: str) -> Any:

@@ -193,6 +193,13 @@ class Sampler:
     def all_valid(self) -> None:
         """Every stored slot is valid again (an index kept for invalid slots may go). O(1)."""
 
+    def draw_state(self) -> Any:
+        """What :meth:`sample` changes besides the draw (restored when reading rows fails)."""
+        return None
+
+    def restore_draw_state(self, state: Any) -> None:
+        """Put back a :meth:`draw_state`."""
+
     def check_sampleable(self, n: int) -> None:
         """Raise if nothing can be drawn (only proportional can refuse)."""
 
@@ -301,7 +308,7 @@ class UniformSampler(Sampler):
         return self._unit[:k]
 
     def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
-        super().write(slots, p, new)
+        _tk.write_leaves(self.raw, slots, p)
         if new and self.count is not None:
             self.count.set(slots, self._ones(slots.shape[0]))
 
@@ -612,6 +619,16 @@ class RankSampler(Sampler):
         """New transitions in slots ``start .. start+count-1``: priority ``p``, ranked now."""
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
         self._run(lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count)
+
+    def draw_state(self) -> Any:
+        """The counters a sample moves: samples since the last sort, the last batch size.
+
+        A re-ranking that fell due during the sample stays applied when they
+        are put back (the next sample would have applied it anyway)."""
+        return (self.samples_since_sort, self.last_batch_size)
+
+    def restore_draw_state(self, state: Any) -> None:
+        self.samples_since_sort, self.last_batch_size = state
 
     def invalidate(self, slots: np.ndarray, n: int) -> None:
         """Take distinct ``slots`` out of the order: never drawn until written as new. O(B log N)."""

@@ -271,8 +271,13 @@ class ReplayStorage(Protocol):
     ``load_state_dict`` accepts back); a storage that fails to write (a full
     disk) raises before the buffer advances anything. ``gather_can_fail``
     (default True): False promises that ``gather`` of written slots cannot
-    raise, so ``sample`` need not keep the random state to restore it. A
-    storage that places its rows by sampling mass implements
+    raise, so ``sample`` need not keep the random state to restore it.
+    ``concurrent_gather`` (default False): True promises that ``gather`` only
+    reads and may run while another thread calls ``write`` (the buffer then
+    reads rows for :meth:`~fastper.PrioritizedReplayBuffer.gather` without
+    holding its lock, and checks their keys afterwards); a storage whose
+    reads change its own state (a tiered storage promoting chunks) keeps the
+    default. A storage that places its rows by sampling mass implements
     :class:`PlacedByMass` as well.
     """
 
@@ -352,6 +357,7 @@ class Storage:
     """
 
     gather_can_fail = False  # numpy takes of written slots
+    concurrent_gather = True  # a take only reads
 
     def __init__(self, fields: Mapping[str, FieldLike], capacity: int) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)

@@ -143,3 +143,44 @@ def test_sample_refuses_an_absurd_batch_size_before_allocating() -> None:
     buf.add({"obs": np.zeros((4, 2)), "action": np.arange(4)})
     with pytest.raises(ValueError, match="batch_size"):
         buf.sample(10**12)
+
+
+def test_defect_first_wrap_of_the_frame_ring_loses_the_right_frames() -> None:
+    """An add that fills the frame ring and overwrites its first frames in one call.
+
+    The overwritten frames are the last ones of the add: their transitions were
+    kept valid (and served a stack with the new frame's pixels in it) when the
+    first ones, which went to empty slots, were taken as the overwritten ones.
+    """
+    buf = ReplayBuffer(32, FRAME_FIELDS, frame_stack={"obs": 2}, frame_capacity=6, seed=0)
+    buf.add(
+        {k: np.stack([np.asarray(frame_row(0, t, t)[k]) for t in range(4)]) for k in FRAME_FIELDS},
+        env_ids=np.zeros(4, dtype=np.int64),
+    )  # frames 0..4
+    buf.add(
+        {k: np.stack([np.asarray(frame_row(0, t, t)[k]) for t in (4, 5)]) for k in FRAME_FIELDS},
+        env_ids=np.zeros(2, dtype=np.int64),
+    )  # frames 5 and 6: frame 6 overwrites frame 0
+    assert buf.frame_store.added == 7 and buf.frame_store.oldest == 1
+    # step t's stacks need frames t-1 .. t+1 (step 0: 0 .. 1): steps 0 and 1 lost frame 0
+    np.testing.assert_array_equal(buf.is_valid(np.arange(6)), [False, False] + [True] * 4)
+    for _ in range(20):
+        s = buf.sample(16)
+        t = s.data["action"]
+        assert np.all(t >= 2)
+        # obs stack = frames t-1, t of stream 0 (frame i holds the value i)
+        np.testing.assert_array_equal(s.data["obs"][:, 1, 0, 0], t)
+        np.testing.assert_array_equal(s.data["obs"][:, 0, 0, 0], t - 1)
+
+
+def test_ranks_refuse_invalid_slots_and_adopt_refuses_frame_buffers() -> None:
+    buf = RankBasedReplayBuffer(16, FIELDS, seed=0)
+    buf.add({"obs": np.zeros((10, 2)), "action": np.arange(10)})
+    buf.invalidate([3])
+    with pytest.raises(ValueError, match="invalid slots"):
+        buf.ranks([2, 3])
+    assert sorted(buf.ranks([0, 1, 2, 4, 5, 6, 7, 8, 9]).tolist()) == list(range(1, 10))
+    frames = PrioritizedReplayBuffer(8, FRAME_FIELDS, frame_stack={"obs": 2}, seed=0)
+    with pytest.raises(ValueError, match="frame_stack"):
+        frames.adopt(2)
+    assert len(frames) == 0

@@ -94,7 +94,9 @@ def make_sharded(
     v = VARIANTS[variant]
     cap = CAP // k
     shards = [Shard(cls(cap, v["fields"], **v["kwargs"], **shard_common, seed=s)) for s in range(k)]
-    return ShardedReplayBuffer(LocalTransport(shards), **common)
+    sharded = ShardedReplayBuffer(LocalTransport(shards), **common)
+    sharded.shard_buffers = [s.buffer for s in shards]  # the test's handle on them
+    return sharded
 
 
 def fill(cpu: Any, sharded: Any, k: int, variant: str) -> None:
@@ -119,8 +121,9 @@ def assert_same(a: Any, b: Any, what: str) -> None:
 @pytest.mark.parametrize("scheme", ["uniform", "proportional"])
 @pytest.mark.parametrize("norm", ["buffer", "batch", "none"])
 @pytest.mark.parametrize("stratified", [True, False])
+@pytest.mark.parametrize("invalid", [False, True])
 def test_cpu_and_sharded_buffers_draw_identically(
-    variant: str, k: int, scheme: str, norm: str, stratified: bool
+    variant: str, k: int, scheme: str, norm: str, stratified: bool, invalid: bool
 ) -> None:
     cls = ReplayBuffer if scheme == "uniform" else PrioritizedReplayBuffer
     shard_common: dict[str, Any] = {"eps": 0.0, "weight_norm": norm}
@@ -131,9 +134,19 @@ def test_cpu_and_sharded_buffers_draw_identically(
         cls, variant, k, shard_common, beta=0.4, stratified=stratified, weight_norm=norm, seed=9
     )
     fill(cpu, sharded, k, variant)
+    if invalid:  # slots that may not be drawn (torn rows, say): the same ones everywhere
+        bad = np.array([3, 17, 18, 30, 41, 47])
+        cpu.invalidate(bad)
+        per = CAP // k
+        for g in bad:
+            sharded.shard_buffers[g // per].invalidate([g % per])
+        sharded.refresh()  # changed behind the coordinator's back: take the shards' views
+        assert cpu.num_valid == CAP - bad.size
     for round_ in range(12):
         a, b = cpu.sample(37), sharded.sample(37)
         assert_same(a, b, f"{variant}, K={k}, round {round_}")
+        if invalid:
+            assert not np.isin(a.indices, bad).any()
         if k == 1:
             np.testing.assert_array_equal(a.keys, b.keys)
         td = td_of(a.indices)

@@ -188,9 +188,10 @@ def prop_sample(
     total = sinner[offs[depth]]
     b = u.shape[0]
     targets = np.empty(b)
+    width = total / b  # fastper.policy.stratified_targets: (k + u_k) * (total / B)
     for k in range(b):
         if stratified:
-            targets[k] = (k + u[k]) * total / b
+            targets[k] = (k + u[k]) * width
         else:
             targets[k] = u[k] * total
     sum_find(leaves, sinner, offs, depth, targets, out_idx)

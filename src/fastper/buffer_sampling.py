@@ -1,0 +1,310 @@
+"""The sampling half of a CPU buffer: draw, gather, and a buffer's part of a sample
+over several buffers.
+
+:class:`SamplingMixin` is composed into :class:`fastper.buffers.PrioritizedReplayBuffer`
+and its siblings; the rules it applies (stratified targets, IS weights) are
+:mod:`fastper.policy`'s, through the sampler. Under the buffer's lock it
+checks, moves the schedules and draws; rows are read by :meth:`SamplingMixin.gather`
+without the lock, or under it by :meth:`SamplingMixin.sample`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._validation import as_1d as _as_1d
+from ._validation import as_index_array, as_value_array, check_int, check_real, to_numpy
+from .batch import Gathered, MassSample, SampleBatch, check_batch_size
+from .buffer_core import locked
+from .buffer_state import StateMixin
+from .errors import EmptyBufferError
+from .frames import FrameStore
+from .samplers import NORM_CODES
+from .storage import PlacedByMass
+
+__all__ = ["SamplingMixin"]
+
+# batches this small, of rows this small, always pass check_batch_size (a fast path)
+_SMALL_BATCH = 1 << 16
+_SMALL_ROW = 4096
+
+
+class SamplingMixin(StateMixin):
+    """``sample`` / ``draw`` / ``gather`` / ``sample_mass`` of a CPU buffer (see the module)."""
+
+    _frames: FrameStore | None
+    _stratified: bool
+    _shuffle: bool
+    _weight_norm: str
+    _gather_can_fail: bool
+    _concurrent_gather: bool
+    _placed: PlacedByMass | None
+    _row_nbytes: int
+
+    @property
+    def num_valid(self) -> int:  # pragma: no cover - the buffer's
+        raise NotImplementedError
+
+    def _gather(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        data = self._storage.gather(idx)
+        return data if self._frames is None else self._frames.gather(data)
+
+    @locked
+    def probabilities(self, indices: Any, batch_size: int | None = None) -> np.ndarray:
+        """P(i) one draw picks each slot with, under the law ``sample`` uses. O(B) (rank: O(B log N)).
+
+        ``batch_size`` matters only to a rank-based buffer with ``segments=True``
+        (default: the last sample's batch size).
+        """
+        idx = as_index_array("indices", indices, self._capacity, written=len(self))
+        if batch_size is not None:
+            batch_size = check_int("batch_size", batch_size, minimum=1)
+        if len(self) == 0:
+            return np.empty(0, dtype=np.float64)
+        if self._validity.all_valid:
+            return self._sampler.probabilities(idx, len(self), batch_size)
+        nv = self.num_valid
+        valid = self._validity.valid(idx)
+        prob = np.zeros(idx.shape[0], dtype=np.float64)
+        if nv and valid.any():
+            prob[valid] = self._sampler.probabilities(idx[valid], nv, batch_size)
+        return prob
+
+    # -- sample ----------------------------------------------------------------
+    @locked
+    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """Draw ``batch_size`` transitions with replacement. O(B log N).
+
+        With an alpha schedule, alpha changes only at steps that are
+        multiples of :attr:`alpha_every` (each change re-weighs every priority,
+        O(N)); the probabilities and weights are those of the alpha in force.
+
+        Args:
+            batch_size: number of draws, >= 1 (may exceed ``len(self)``).
+            beta: IS exponent; by default the beta schedule at :attr:`step`.
+
+        Returns:
+            A frozen :class:`SampleBatch`, in random order unless ``shuffle=False``.
+
+        Raises:
+            EmptyBufferError: the buffer holds nothing.
+            ZeroPriorityError: every priority is zero (proportional).
+            ValueError, TypeError: a bad ``batch_size`` or ``beta``.
+        """
+        idx, prob, weights, keys, undo = self._draw(batch_size, beta)
+        try:
+            data = self._gather(idx)
+        except BaseException:
+            if undo is not None:
+                self._undo_draw(undo)
+            raise
+        self._after_draw()
+        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
+
+    @locked
+    def draw(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """The first half of :meth:`sample`: indices, keys, probabilities and weights. O(B log N).
+
+        Draws exactly as ``sample`` does (same generator, same step), but
+        reads no rows: ``data`` is empty. Read them with :meth:`gather`, which
+        does not hold the buffer's lock while it reads (for storages whose reads
+        may run beside writes: RAM and disk), so a slow read does not block
+        other threads' adds meanwhile.
+
+        Raises:
+            As :meth:`sample`.
+        """
+        idx, prob, weights, keys, _ = self._draw(batch_size, beta)
+        self._after_draw()
+        return SampleBatch(data={}, indices=idx, weights=weights, probabilities=prob, keys=keys)
+
+    def gather(self, indices: Any, keys: Any) -> Gathered:
+        """The rows of drawn slots, read without holding the lock while reading. O(B).
+
+        Args:
+            indices, keys: from :meth:`draw`.
+
+        Returns:
+            ``(data, fresh)`` (a :class:`~fastper.batch.Gathered`): the rows,
+            and a bool per row that is False where the slot was overwritten (its
+            key changed), made invalid or emptied (a ``clear``) since the draw:
+            that row belongs to another transition (or none), and must be
+            dropped or drawn again, never used with the drawn key.
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``.
+            ValueError: keys of another length.
+        """
+        with self._lock:
+            idx = as_index_array("indices", indices, self._capacity)
+            key_arr = _as_1d("keys", keys, "iu")
+            if key_arr.shape[0] != idx.shape[0]:
+                raise ValueError(
+                    f"`keys` must have {idx.shape[0]} entries (one per index), got keys with "
+                    f"{key_arr.shape[0]}"
+                )
+        if self._concurrent_gather:
+            data = self._gather(idx)  # outside the lock: adds may overwrite rows meanwhile
+        else:  # a storage whose reads change its own state (tiers) reads under the lock
+            with self._lock:
+                data = self._gather(idx)
+        with self._lock:
+            stored = idx < len(self)
+            fresh = stored.copy()
+            if stored.any():
+                live = idx[stored]
+                fresh[stored] = (self._writer.keys(live) == key_arr[stored]) & (
+                    self._validity.valid(live)
+                )
+        return Gathered(data, fresh)
+
+    def _draw(
+        self, batch_size: int, beta: float | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+        """Check, then draw (the caller holds the lock). When a later read may fail
+        (``gather_can_fail``), what the draw changed comes back too, for :meth:`_undo_draw`."""
+        b = batch_size
+        if type(b) is not int or not 0 < b <= _SMALL_BATCH or self._row_nbytes > _SMALL_ROW:
+            b = check_batch_size(batch_size, self._row_nbytes)
+        beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
+        n = self._writer.size - self._validity.n_invalid
+        if n <= 0:
+            self._sampleable()  # raises, saying why
+        # a storage that reads files can fail in gather: everything the draw changes
+        # (the generator, a scheme switch that fell due, alpha, the sampler's
+        # counters) is then put back
+        undo = (
+            (
+                self._rng.bit_generator.state, self._sampler, self._scheme,
+                self._scheme_options, self._alpha_schedule, self._pending_switch,
+                self._sampler.alpha, self._sampler.draw_state(),
+            )
+            if self._gather_can_fail
+            else None
+        )  # fmt: skip
+        pending = self._pending_switch
+        if pending is not None and self._step >= pending["at_step"]:
+            self._switch(pending)  # checks before it changes anything
+        alpha = self._alpha_at(self._step)
+        old_alpha = self._sampler.alpha
+        try:
+            self._apply_alpha(alpha)
+            self._sampler.check_sampleable(n)
+        except BaseException:
+            self._apply_alpha(old_alpha)
+            raise
+        # Nothing below can fail on valid state, so the generator only advances
+        # once every check has passed: a raising call leaves it untouched.
+        u = self._rng.random(b)
+        w = self._writer
+        idx, prob, weights, keys = self._sampler.sample(
+            u, n, beta_v, self._stratified, NORM_CODES[self._weight_norm], w.key_base, w.added
+        )
+        if self._shuffle and b > 1:
+            # slices come out in slot order: minibatches cut from a batch would
+            # each get a contiguous piece of the ring
+            perm = self._rng.permutation(b)
+            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
+        return idx, prob, weights, keys, undo
+
+    def _undo_draw(self, undo: tuple[Any, ...]) -> None:
+        """Put back what :meth:`_draw` changed (a read of its rows failed)."""
+        rng, sampler, scheme, options, alpha_schedule, pending, alpha, counters = undo
+        self._rng.bit_generator.state = rng
+        # a switch built a new index over the same raw priorities: the old one is intact
+        self._sampler, self._scheme, self._scheme_options = sampler, scheme, options
+        self._alpha_schedule, self._pending_switch = alpha_schedule, pending
+        self._apply_alpha(alpha)
+        sampler.restore_draw_state(counters)
+
+    def _after_draw(self) -> None:
+        placed = self._placed
+        if placed is not None and placed.wants_masses:  # a tiered storage places chunks by mass
+            placed.rebalance(self._sampler.chunk_masses(placed.mass_chunk_size, len(self)))
+        self._step += 1
+
+    def _sampleable(self) -> int:
+        """The number of slots a draw may pick; raises when there is none. O(1)."""
+        if len(self) == 0:
+            raise EmptyBufferError("cannot sample from an empty buffer (len(buffer) == 0)")
+        n = self.num_valid
+        if n == 0:
+            why = (
+                "the frame ring overwrote their frames; raise `frame_capacity`"
+                if self._frames is not None
+                else "every stored slot was invalidated"
+            )
+            raise EmptyBufferError(
+                f"cannot sample: none of the {len(self)} stored transitions is valid ({why})"
+            )
+        return n
+
+    # -- a part of a sample over several buffers ---------------------------------
+    @locked
+    def sample_mass(self, targets: Any, view_total: float | None = None) -> MassSample:
+        """The slots under given points of this buffer's sampling mass. O(B log N).
+
+        A buffer's half of a sample drawn over several buffers (the shards of
+        :mod:`fastper.distributed`): a coordinator that knows every buffer's
+        total mass draws stratified points over their union and sends each
+        buffer the points that fall in its share, as offsets into its mass
+        (``p_i ** alpha`` per slot when proportional, 1 per slot when uniform).
+        If the mass changed since the coordinator's view ``view_total``, the
+        points are rescaled to the current total: the buffer's share stays the
+        one the coordinator drew with, the slot within it follows the current
+        priorities, and the masses returned are the ones actually used.
+
+        Uses no randomness and does not advance :attr:`step`: the caller owns
+        the draws, beta and the weights (``masses`` and ``total`` give them).
+
+        Args:
+            targets: points in ``[0, view_total]`` (``[0, total]`` without a view).
+            view_total: the total the points were drawn against, or ``None``.
+
+        Raises:
+            EmptyBufferError: nothing stored. ZeroPriorityError: all masses zero.
+            TypeError: rank-based sampling (its mass is not additive).
+            ValueError: points outside the range, not finite, or not 1-D.
+        """
+        n = self._sampleable()
+        sampler = self._sampler
+        total, min_mass = sampler.mass_stats(n)
+        sampler.check_sampleable(n)
+        arr = to_numpy(targets)
+        if arr.ndim != 1:
+            raise ValueError(f"`targets` must be 1-D, got targets with shape {arr.shape}")
+        view = total if view_total is None else check_real("view_total", view_total)
+        if not view > 0.0:
+            raise ValueError(f"`view_total` must be > 0, got view_total={view!r}")
+        t = as_value_array("targets", arr, arr.shape[0], nonnegative=True)
+        if t.size and t.max() > view:
+            raise ValueError(
+                f"`targets` must be <= view_total={view!r}, got max target {float(t.max())!r}"
+            )
+        if view != total:
+            t = t * (total / view)
+        idx, masses = sampler.mass_find(t, n)
+        w = self._writer
+        return MassSample(
+            data=self._gather(idx),
+            indices=idx,
+            keys=w.keys(idx),
+            masses=masses,
+            total=total,
+            min_mass=min_mass,
+            size=n,
+            added=w.added,
+        )
+
+    @locked
+    def mass_stats(self) -> tuple[float, float, int, int]:
+        """(total mass, smallest positive mass, size, transitions ever added), O(1).
+
+        What a coordinator of several buffers needs to split a sample among
+        them (see :meth:`sample_mass`); rank-based buffers raise TypeError.
+        """
+        n = self.num_valid
+        total, min_mass = self._sampler.mass_stats(n)
+        return total, min_mass, n, self._writer.added
