@@ -302,8 +302,10 @@ def _loop(run: Run, stacks: np.ndarray, iters: int, seed: int) -> tuple[float, f
     return clock() - t0, in_sample
 
 
-def warm_row_cost(storage: TieredStorage, calls: int = 2000) -> dict[int, float]:
-    """Median us of ``gather`` of 32 rows with k of them from warm chunks (k = 0, 1, 2, 8, 32).
+def warm_row_cost(
+    storage: TieredStorage, calls: int = 2000, ks: tuple[int, ...] = (0, 1, 2, 8, 32)
+) -> dict[int, float]:
+    """Median us of ``gather`` of 32 rows with k of them from warm chunks (k in ``ks``).
 
     Rows drawn at random from the hot / warm chunks as placed; no adds, no
     moves, nothing in the background: the price of a warm row in a gather.
@@ -315,7 +317,7 @@ def warm_row_cost(storage: TieredStorage, calls: int = 2000) -> dict[int, float]
     warm = np.flatnonzero(storage._tier == WARM)
     cs = storage.chunk_size
     out = {}
-    for k in (0, 1, 2, 8, 32) if warm.size else ():
+    for k in ks if warm.size else ():
         sets = [
             np.concatenate(
                 [rng.choice(hot, 32 - k) * cs + rng.integers(0, cs, 32 - k),

@@ -217,3 +217,12 @@ def unwrap_batch(indices: Any, keys: Any) -> tuple[Any, Any]:
             f"got keys={show(keys)}"
         )
     return indices.indices, indices.keys
+
+
+def check_row_ids(env_ids: Any, k: int) -> None:
+    """``add``'s ``env_ids`` without stream tracking: one integer per row, or None. O(k)."""
+    if env_ids is None:
+        return
+    ids = to_numpy(env_ids).reshape(-1)
+    if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
+        raise ValueError(f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}")

@@ -22,7 +22,7 @@ import numpy as np
 from . import schedules as _sched
 from ._validation import check_int, check_real, show
 from ._validation import nstep_key_args as _nstep_key_args
-from .nstep import NStepWriter
+from .nstep import NStepPlan, NStepWriter
 from .storage import Field, FieldLike, ReplayStorage, make_fields
 from .writer import RingWriter
 
@@ -159,6 +159,26 @@ class BufferCore:
         self._seed = None if seed is None else check_int("seed", seed, minimum=0)
         self._writer = RingWriter(self._capacity)
         return stored, alpha0
+
+    # -- n-step windows: one plan for every front end ----------------------------------
+    @staticmethod
+    def _refuse_priorities_with_windows(priorities: Any) -> None:
+        if priorities is not None:
+            raise ValueError(
+                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
+            )
+
+    def _plan_windows(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> NStepPlan:
+        """The n-step plan of ``k`` rows, changing nothing; refuses a batch that
+        completes more than the ring holds. Every front end plans its windows here."""
+        assert self._nstep is not None
+        plan = self._nstep.prepare(batch, k, env_ids)
+        m, cap = plan.count, self._capacity
+        if m > cap and k > cap:
+            raise ValueError(
+                f"a batch must not complete more than capacity={cap} transitions, got {m}"
+            )
+        return plan
 
     # -- schedules: one rule for every front end --------------------------------------
     def _apply_alpha(self, alpha: float) -> None:  # pragma: no cover - each front end's index

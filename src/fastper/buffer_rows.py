@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import as_index_array, as_value_array, check_int, show, to_numpy
+from ._validation import as_index_array, as_value_array, check_int, check_row_ids, to_numpy
 from .buffer_core import locked
 from .buffer_sampling import SamplingMixin
-from .nstep import NStepPlan
 from .samplers import PriorityMax
 from .storage import Field, coerce_batch
 
@@ -83,31 +82,8 @@ class RowsMixin(SamplingMixin):
             self._nstep.commit(plan)
             return slots
         prepared, k = self._storage.prepare(transition)
-        if env_ids is not None:
-            ids = to_numpy(env_ids).reshape(-1)
-            if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
-                raise ValueError(
-                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
-                )
+        check_row_ids(env_ids, k)
         return self._write(prepared, k, self._given_priorities(priorities, k))
-
-    @staticmethod
-    def _refuse_priorities_with_windows(priorities: Any) -> None:
-        if priorities is not None:
-            raise ValueError(
-                "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
-            )
-
-    def _plan_windows(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> NStepPlan:
-        """The n-step plan of ``k`` rows; refuses a batch that completes too many."""
-        assert self._nstep is not None
-        plan = self._nstep.prepare(batch, k, env_ids)
-        m, cap = plan.count, self._capacity
-        if m > cap and k > cap:
-            raise ValueError(
-                f"a batch must not complete more than capacity={cap} transitions, got {m}"
-            )
-        return plan
 
     def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
         """``add``'s ``priorities`` as k checked values (None: not given)."""

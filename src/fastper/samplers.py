@@ -565,7 +565,7 @@ class RankSampler(Sampler):
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
         self._scratch = np.empty((3, 256), dtype=np.int64)  # ranks and descent state of a draw
         # a write's scratch (paths routed ahead) and the last sample's paths (count,
-        # routing version; slot -> item table; paths): see _kernels.rank._warm
+        # routing version; slot -> item table; paths): see _kernels.rank_writes._warm
         self._sample = np.zeros(2, dtype=np.int64)
         self._stab = np.empty(2 * 512, dtype=np.int64)
         self._spaths = np.empty(256 * _rk.MAXH, dtype=np.int64)

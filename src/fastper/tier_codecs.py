@@ -2,7 +2,11 @@
 
 Codecs are optional packages (extra ``fastper[tiers]``: lz4, zstandard,
 blosc2), imported only when a codec is made; zlib (standard library) is the
-fallback. A cold chunk file holds one chunk's compressed blocks behind a
+fallback. With lz4, compiled kernels call LZ4's C functions directly (see
+:class:`Codec`); the environment variable ``FASTPER_LZ4_KERNELS=0`` turns
+them off (the lz4 package's Python calls then do all the work, with the same
+results, and storages move chunks inline by default); ``1`` or unset: on
+where they load. A cold chunk file holds one chunk's compressed blocks behind a
 small index (offsets, CRC32 of each block): one file per chunk, written to a
 temporary name and renamed, so a reader sees the old file or the new one,
 never a mix; the index is also kept in RAM, so a gather reads only the
@@ -46,7 +50,8 @@ class Codec:
     kernels calling its C library (:func:`fastper._kernels.lz4.warm_rows`:
     the warm rows of a gather and promotions, decoded straight from RAM;
     :func:`fastper._kernels.lz4.pack_blocks`: a chunk compressed in one
-    call); ``None``: ``decompress`` / ``compress`` do it.
+    call); ``None``: ``decompress`` / ``compress`` do it (also where the
+    environment variable ``FASTPER_LZ4_KERNELS`` is ``0`` when the codec is made).
     """
 
     name: str
@@ -65,7 +70,22 @@ def _lz4() -> Codec:
     def decomp(data: bytes, nbytes: int) -> bytes:
         return bytes(lzb.decompress(data, uncompressed_size=nbytes))
 
-    return Codec("lz4", comp, decomp, *_lz4_kernels())
+    return Codec("lz4", comp, decomp, *(_lz4_kernels() if _lz4_kernels_wanted() else (None, None)))
+
+
+#: the environment variable that turns lz4's compiled kernels off ("0") or on ("1", unset)
+LZ4_KERNELS_ENV = "FASTPER_LZ4_KERNELS"
+
+
+def _lz4_kernels_wanted() -> bool:
+    """False where ``FASTPER_LZ4_KERNELS=0``; read each time a codec is made."""
+    value = os.environ.get(LZ4_KERNELS_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"`{LZ4_KERNELS_ENV}` must be 0 (lz4 through its Python package only) or 1 "
+            f"(compiled kernels where they load), got {LZ4_KERNELS_ENV}={value!r}"
+        )
+    return value != "0"
 
 
 @functools.cache  # once per process
@@ -167,7 +187,8 @@ def make_codec(name: str) -> Codec:
     """The codec ``name`` (``"auto"``, ``"lz4"``, ``"zstd"``, ``"blosc2"`` or ``"zlib"``).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name; for lz4 (and ``"auto"``), the environment
+            variable ``FASTPER_LZ4_KERNELS`` set to something but 0 or 1.
         ImportError: the codec's package is not installed (with the install hint).
     """
     if name == "auto":

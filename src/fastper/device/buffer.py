@@ -74,10 +74,10 @@ from .._validation import (
     as_value_array,
     check_int,
     check_real,
+    check_row_ids,
     dtype_error,
     ndim_error,
     show,
-    to_numpy,
     unwrap_batch,
 )
 from ..buffer_core import BufferCore, check_flag, constructor_args
@@ -363,18 +363,11 @@ class _DeviceBuffer(BufferCore):
         """
         nstep = self._nstep
         if nstep is not None:
-            if priorities is not None:
-                raise ValueError(
-                    "`priorities` cannot be given to add() when n_step > 1 or streams are tracked"
-                )
+            self._refuse_priorities_with_windows(priorities)
             # the windows are kept on the host: tensors are read there (detached)
             batch, k = coerce_batch(nstep.fields, transition, None)
-            plan = nstep.prepare(batch, k, env_ids)
-            m, cap = plan.count, self._capacity
-            if m > cap and k > cap:
-                raise ValueError(
-                    f"a batch must not complete more than capacity={cap} transitions, got {m}"
-                )
+            plan = self._plan_windows(batch, k, env_ids)
+            m = plan.count
             if m == 0:
                 nstep.commit(plan)
                 return torch.empty(0, dtype=torch.int64, device=self._device)
@@ -383,12 +376,7 @@ class _DeviceBuffer(BufferCore):
             nstep.commit(plan)
             return slots
         prepared, k = self._storage.prepare(transition)
-        if env_ids is not None:
-            ids = to_numpy(env_ids).reshape(-1)
-            if ids.shape[0] != k or (ids.size and ids.dtype.kind not in "iu"):
-                raise ValueError(
-                    f"`env_ids` must hold one integer per row ({k}), got env_ids={show(ids)}"
-                )
+        check_row_ids(env_ids, k)
         if priorities is None:
             return self._write(prepared, k, None)
         p = _tensor("priorities", priorities, "iuf", self._device)
