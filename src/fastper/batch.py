@@ -1,10 +1,9 @@
 """What ``sample`` returns, and the two halves of a sample drawn in two steps.
 
-* :class:`SampleBatch`: a frozen batch of gathered rows, weights and keys.
-* :class:`Draw`: the indices, keys, probabilities and weights of a draw,
-  without the rows (``buffer.draw``), and :class:`Gathered`: the rows of a
-  draw, with which of them still hold the transition drawn
-  (``buffer.gather``). A caller that must not hold a lock while rows are
+* :class:`SampleBatch`: a frozen batch of gathered rows, weights and keys;
+  ``buffer.draw`` returns one without rows (``data`` empty).
+* :class:`Gathered`: the rows of a draw, with which of them still hold the
+  transition drawn (``buffer.gather``). A caller that must not hold a lock while rows are
   read (:class:`~fastper.limiter.RateLimitedBuffer`) draws under the lock and
   gathers after releasing it.
 * :func:`check_batch_size`: the size check of ``sample``, so that an absurd
@@ -97,6 +96,7 @@ class SampleBatch:
         probabilities: P(i) of each sampled slot (float64).
         keys: insertion counter of each slot's occupant (int64); pass it back
             so that updates for overwritten slots are dropped.
+        beta: the IS exponent of ``weights`` (``None`` where not recorded).
     """
 
     data: dict[str, np.ndarray]
@@ -104,6 +104,7 @@ class SampleBatch:
     weights: np.ndarray
     probabilities: np.ndarray
     keys: np.ndarray
+    beta: float | None = None
 
     def __getitem__(self, field: str) -> np.ndarray:
         return self.data[field]

@@ -268,6 +268,11 @@ class BufferCore:
         return self._alpha_every
 
     @property
+    def weight_norm(self) -> str:
+        """How IS weights are normalised: ``"buffer"``, ``"batch"`` or ``"none"``."""
+        return self._weight_norm
+
+    @property
     def beta(self) -> float:
         """beta at the current step (used when ``sample`` gets no beta)."""
         return float(self._beta_schedule(self._step))

@@ -98,20 +98,21 @@ class RowsMixin(SamplingMixin):
         """Write ``m`` checked rows (``p``: their priorities, or None); the slots.
 
         An episode end flushes pending n-step windows with the batch: more than
-        ``capacity`` may complete from a batch that fits. They are written in
-        ring order, ``capacity`` at a time, so the ring keeps the last
-        ``capacity``, as if added one by one (``p`` is None then: priorities are
-        refused with n-step).
+        ``capacity`` may complete from a batch that fits. The ring keeps the
+        last ``capacity`` of them, as if added one by one: only those are
+        written, in one storage write (so a write that fails changes nothing),
+        and the ring moves past all ``m`` (``p`` is None then: priorities are
+        refused with n-step). Returns the slot of each of the ``m``.
         """
         cap = self._capacity
         if m == 0:
             return np.empty(0, dtype=np.int64)
         if m <= cap:
             return self._write(out, m, p)
-        return np.concatenate([
-            self._write({f: a[lo : lo + cap] for f, a in out.items()}, min(cap, m - lo), None)
-            for lo in range(0, m, cap)
-        ])  # fmt: skip
+        lost = m - cap  # overwritten within this call: never written
+        first = self._writer.cursor
+        self._write({f: a[lost:m] for f, a in out.items()}, cap, None, lost=lost)
+        return (first + np.arange(m, dtype=np.int64)) % cap
 
     def _add_frames(self, transition: Any, priorities: Any, env_ids: Any) -> np.ndarray:
         """``add`` for a frame buffer: frames to the frame ring, ids to the transitions."""
@@ -244,15 +245,26 @@ class RowsMixin(SamplingMixin):
         return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
     def _write(
-        self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None
+        self, prepared: Mapping[str, np.ndarray], k: int, p: np.ndarray | None, lost: int = 0
     ) -> np.ndarray:
+        """Write ``k <= capacity`` prepared rows, then commit ring, priorities, validity.
+
+        ``lost``: rows the ring moves past first, never written (the earlier
+        transitions of a call that completed more than the ring holds). The
+        storage write comes first: if it fails, nothing has changed.
+        """
         w = self._writer
-        start = w.cursor
+        cap = self._capacity
+        start = (w.cursor + lost) % cap
         slots = w.slots(start, k)
         for guard in self._guards:  # a save in progress keeps the rows it still needs
             guard.before_write(slots)
         priority = self._new_priority() if p is None else 0.0
         self._storage.write(start, prepared, k)
+        while lost > 0:  # counters only: cannot fail
+            step = min(cap, lost)
+            w.advance(step)
+            lost -= step
         w.advance(k)
         if p is None:
             self._admit_run(start, k, priority)

@@ -42,6 +42,7 @@ class SamplingMixin(StateMixin):
     _concurrent_gather: bool
     _placed: PlacedByMass | None
     _row_nbytes: int
+    _last_draw: tuple[int, Any] | None = None  # (step after it, what to put back): see undraw
 
     @property
     def num_valid(self) -> int:  # pragma: no cover - the buffer's
@@ -81,6 +82,11 @@ class SamplingMixin(StateMixin):
         multiples of :attr:`alpha_every` (each change re-weighs every priority,
         O(N)); the probabilities and weights are those of the alpha in force.
 
+        The rows are read under the buffer's lock, so that a read that fails
+        (a disk error) can put back everything the draw changed. To read slow
+        storage without blocking other threads' adds, use :meth:`draw` and
+        :meth:`gather` (as :class:`~fastper.RateLimitedBuffer` does).
+
         Args:
             batch_size: number of draws, >= 1 (may exceed ``len(self)``).
             beta: IS exponent; by default the beta schedule at :attr:`step`.
@@ -91,9 +97,10 @@ class SamplingMixin(StateMixin):
         Raises:
             EmptyBufferError: the buffer holds nothing.
             ZeroPriorityError: every priority is zero (proportional).
-            ValueError, TypeError: a bad ``batch_size`` or ``beta``.
+            ValueError, TypeError: a bad ``batch_size`` (at most 2^24, or what
+                fits in memory) or ``beta``.
         """
-        idx, prob, weights, keys, undo = self._draw(batch_size, beta)
+        idx, prob, weights, keys, beta_v, undo = self._draw(batch_size, beta)
         try:
             data = self._gather(idx)
         except BaseException:
@@ -101,10 +108,12 @@ class SamplingMixin(StateMixin):
                 self._undo_draw(undo)
             raise
         self._after_draw()
-        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
+        return SampleBatch(data, idx, weights, prob, keys, beta_v)
 
     @locked
-    def draw(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+    def draw(
+        self, batch_size: int, beta: float | None = None, *, advance: bool = True
+    ) -> SampleBatch:
         """The first half of :meth:`sample`: indices, keys, probabilities and weights. O(B log N).
 
         Draws exactly as ``sample`` does (same generator, same step), but
@@ -113,12 +122,38 @@ class SamplingMixin(StateMixin):
         may run beside writes: RAM and disk), so a slow read does not block
         other threads' adds meanwhile.
 
+        Args:
+            batch_size, beta: as for :meth:`sample` (the batch's ``beta`` says
+                which was used).
+            advance: ``False`` for draws that belong to a sample already
+                counted (rows drawn again because theirs were overwritten
+                during the read): :attr:`step` stays, and so do the schedules.
+
         Raises:
             As :meth:`sample`.
         """
-        idx, prob, weights, keys, _ = self._draw(batch_size, beta)
-        self._after_draw()
-        return SampleBatch(data={}, indices=idx, weights=weights, probabilities=prob, keys=keys)
+        idx, prob, weights, keys, beta_v, undo = self._draw(batch_size, beta)
+        if advance:
+            self._after_draw()
+            self._last_draw = None if undo is None else (self._step, undo)
+        return SampleBatch({}, idx, weights, prob, keys, beta_v)
+
+    @locked
+    def undraw(self) -> bool:
+        """Put back the latest :meth:`draw` when reading its rows failed. O(1).
+
+        Restores the random generator, :attr:`step`, alpha and a rank-based
+        sampler's counters, if no other draw or sample came since, the draw
+        switched no scheme (updates since then went to the new index) and the
+        storage's reads can fail at all. Returns whether it did.
+        """
+        last = self._last_draw
+        self._last_draw = None
+        if last is None or last[0] != self._step or last[1][1] is not self._sampler:
+            return False
+        self._undo_draw(last[1])
+        self._step -= 1
+        return True
 
     def gather(self, indices: Any, keys: Any) -> Gathered:
         """The rows of drawn slots, read without holding the lock while reading. O(B).
@@ -162,7 +197,7 @@ class SamplingMixin(StateMixin):
 
     def _draw(
         self, batch_size: int, beta: float | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, Any]:
         """Check, then draw (the caller holds the lock). When a later read may fail
         (``gather_can_fail``), what the draw changed comes back too, for :meth:`_undo_draw`."""
         b = batch_size
@@ -207,7 +242,7 @@ class SamplingMixin(StateMixin):
             # each get a contiguous piece of the ring
             perm = self._rng.permutation(b)
             idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        return idx, prob, weights, keys, undo
+        return idx, prob, weights, keys, beta_v, undo
 
     def _undo_draw(self, undo: tuple[Any, ...]) -> None:
         """Put back what :meth:`_draw` changed (a read of its rows failed)."""
@@ -220,6 +255,7 @@ class SamplingMixin(StateMixin):
         sampler.restore_draw_state(counters)
 
     def _after_draw(self) -> None:
+        self._last_draw = None  # another draw came: an earlier one can no longer be put back
         placed = self._placed
         if placed is not None and placed.wants_masses:  # a tiered storage places chunks by mass
             placed.rebalance(self._sampler.chunk_masses(placed.mass_chunk_size, len(self)))

@@ -529,6 +529,8 @@ class DiskStorage:
             "reference": FORMAT,
             "id": self.id,
             "directory": _reference_path(self.directory, checkpoint),
+            # the absolute path too: a checkpoint copied alone still finds a buffer that stayed
+            "absolute": str(Path(self.directory).resolve()),
             "epoch": self.epoch,
             "rows": self.rows,
         }
@@ -778,8 +780,10 @@ def referenced_directory(
     """The disk buffer directory a checkpoint of a disk buffer refers to. O(header).
 
     A relative reference is resolved against the checkpoint's folder (the
-    one it was saved in, when the run's folder was not moved), an absolute
-    one is taken as it is; ``directory`` overrides the reference. Reads the
+    one it was saved in, when the run's folder was not moved); where no disk
+    buffer is found there, the absolute path recorded at the save is tried (a
+    checkpoint copied alone). An absolute reference is taken as it is;
+    ``directory`` overrides the reference. Reads the
     checkpoint's header only; does not open the directory (:func:`open_buffer`
     then checks that it is the disk buffer the checkpoint was taken of).
 
@@ -806,7 +810,13 @@ def referenced_directory(
     path = Path(where)
     if path.is_absolute():
         return path
-    return Path(os.path.normpath(Path(checkpoint).resolve().parent / path))
+    near = Path(os.path.normpath(Path(checkpoint).resolve().parent / path))
+    absolute = ref.get("absolute")
+    if (near / HEADER).is_file() or not isinstance(absolute, str) or "\0" in absolute:
+        return near
+    # the checkpoint was copied without the run's folder: the buffer where it was saved
+    # (the id and epoch checks of open_buffer still decide whether it is the right one)
+    return Path(absolute) if (Path(absolute) / HEADER).is_file() else near
 
 
 def load_checkpoint(

@@ -40,6 +40,7 @@ In a single-threaded loop nothing can unblock a waiting call, so ask first::
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -49,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from . import policy as _policy
 from ._validation import check_int, check_real, show, to_numpy
 from .batch import SampleBatch, check_batch_size
 from .errors import FastPERError
@@ -315,6 +317,10 @@ class RateLimitedBuffer:
             getattr(buffer, "gather", None)
         )
         self._row_nbytes = _row_nbytes(buffer)
+        # rows drawn again belong to a sample already counted: the buffer's step stays
+        draw = getattr(buffer, "draw", None)
+        takes = callable(draw) and self._split and "advance" in inspect.signature(draw).parameters
+        self._redraw_args: dict[str, Any] = {"advance": False} if takes else {}
 
     @property
     def buffer(self) -> Any:
@@ -414,6 +420,9 @@ class RateLimitedBuffer:
         except BaseException:
             with self._cond:  # nothing was handed out: give the samples back
                 lim.record_sample(-b)
+                undraw = getattr(buffer, "undraw", None)
+                if callable(undraw):  # and the draw, if nothing was drawn since
+                    undraw()
                 self._cond.notify_all()
             raise
 
@@ -425,8 +434,9 @@ class RateLimitedBuffer:
         whole by the buffer (draw and read under its own lock).
         """
         b = int(np.shape(drawn.indices)[0])
-        again_beta = getattr(drawn, "beta", None)
+        again_beta = getattr(drawn, "beta", None)  # the beta of the first draw, kept
         again_beta = beta if again_beta is None else again_beta
+        again = self._redraw_args
         data, fresh = _gathered(buffer, drawn.indices, drawn.keys, b)
         idx, keys = drawn.indices, drawn.keys
         prob, weights = drawn.probabilities, drawn.weights
@@ -437,9 +447,9 @@ class RateLimitedBuffer:
             idx, keys, prob, weights = (np.array(a, copy=True) for a in (idx, keys, prob, weights))
             parts = (idx, keys, prob, weights)
             for _ in range(_REDRAW_ROUNDS):
-                again = buffer.draw(int(stale.size), again_beta)
-                got, ok = _gathered(buffer, again.indices, again.keys, int(stale.size))
-                new = (again.indices, again.keys, again.probabilities, again.weights)
+                redrawn = buffer.draw(int(stale.size), again_beta, **again)
+                got, ok = _gathered(buffer, redrawn.indices, redrawn.keys, int(stale.size))
+                new = (redrawn.indices, redrawn.keys, redrawn.probabilities, redrawn.weights)
                 data = _place(data, stale[ok], got, np.flatnonzero(ok), parts, new)
                 stale = stale[~ok]
                 if not stale.size:
@@ -449,7 +459,11 @@ class RateLimitedBuffer:
                 every = np.arange(stale.size)
                 new = (last.indices, last.keys, last.probabilities, last.weights)
                 data = _place(data, stale, last.data, every, parts, new)
-        return SampleBatch(data=data, indices=idx, weights=weights, probabilities=prob, keys=keys)
+            if getattr(buffer, "weight_norm", None) == "batch" and again_beta is not None:
+                # each draw was normalised by its own largest weight: normalise the merged
+                # batch by the largest of all of them, as one draw would have been
+                weights = _policy.is_weights(prob, 1.0, 1.0, b, float(again_beta), "batch")
+        return SampleBatch(data, idx, weights, prob, keys, again_beta)
 
     def can_insert(self, count: int = 1) -> bool:
         """Whether ``count`` inserts would go ahead without waiting now."""

@@ -133,10 +133,12 @@ def _safe_cast(name: str, arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
                     f"field `{name}` is {dtype}; values in [{lo}, {hi}] overflow [{info.min}, {info.max}]"
                 )
         return arr.astype(dtype)
-    # floating target: ints and bools always fit (possibly rounded); floats must not overflow
+    # floating target: bools always fit; ints fit rounded, except past float16's range
+    # (65504); floats must not overflow
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
         out = arr.astype(dtype)
-    if src.kind == "f" and dtype.itemsize < src.itemsize and arr.size:
+    narrows = src.kind == "f" and dtype.itemsize < src.itemsize
+    if (narrows or (src.kind in "iu" and dtype.itemsize == 2)) and arr.size:
         overflow = np.isfinite(arr) & ~np.isfinite(out)
         if overflow.any():
             raise FieldTypeError(

@@ -192,3 +192,32 @@ def test_defect_no_reach_ins_and_no_import_cycles_in_distributed() -> None:
                 if private and node.module != "__future__":
                     reach_ins.append(f"{name}:{node.lineno} import {private}")
     assert reach_ins == []
+
+
+def test_defect_keys_from_before_a_restore_inside_an_update_are_dropped(tmp_path) -> None:
+    """A shard restored while ``update_priorities`` refreshed its views started a new
+    generation, but the entries' generations were compared with the old one: the whole
+    update was refused, the valid entries of the other shard with it."""
+    import warnings
+
+    fields = {"obs": ((2,), np.float32)}
+    sb = ShardedReplayBuffer.local(2, 16, fields, seed=0, on_shard_loss="restore", shuffle=False)
+    shards = sb.transport.shards
+    sb.add({"obs": np.ones((4, 2), np.float32)}, shard=0)
+    sb.add({"obs": np.ones((4, 2), np.float32)}, shard=1)
+    sb.save(tmp_path)
+    sb.add({"obs": np.ones((4, 2), np.float32)}, shard=1)  # after the checkpoint
+    shards[1].buffer.update_priorities(np.arange(4, 8), np.full(4, 1000.0))
+    sb.refresh()
+    b = sb.sample(8)
+    late = (b.indices >= 16) & ((b.keys & ((1 << 40) - 1)) >= 4)  # lost with the restore
+    assert late.any()
+    shards[0].buffer.add({"obs": np.ones((2, 2), np.float32)})  # an actor, behind its back
+    sb.transport.kill(1)
+    idx = np.concatenate([b.indices[late], [4]])  # + slot 4 of shard 0: not sampled, its key 4
+    keys = np.concatenate([b.keys[late], [4]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        applied = sb.update_priorities(idx, np.ones(idx.size), keys, wait=True)
+    assert applied == 1
+    assert sb.stale_updates == int(late.sum())

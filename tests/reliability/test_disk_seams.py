@@ -340,3 +340,30 @@ def test_torn_rows_of_a_frame_buffer_are_dropped(
     buf.add(step(20))
     assert buf.num_valid == 16
     buf.storage.close()
+
+
+def test_defect_a_checkpoint_copied_alone_still_finds_its_buffer(tmp_path) -> None:
+    """A checkpoint archived elsewhere in the run's folder (without the buffer) used to
+    look for the buffer relative to its new place only; the absolute path recorded at
+    the save is now tried where nothing is found there."""
+    import fastper
+    from fastper.disk import DiskStorage
+
+    fields = {"obs": ((4,), np.float32)}
+    run = tmp_path / "run"
+    storage = DiskStorage(fields, 16, run / "buf")
+    buf = fastper.PrioritizedReplayBuffer(16, fields, storage=storage, seed=0)
+    buf.add({"obs": np.arange(40, dtype=np.float32).reshape(10, 4)})
+    ckpt = run / "ckpts" / "c.fpk"
+    ckpt.parent.mkdir(parents=True)
+    buf.save(ckpt)
+    storage.close()
+    archive = run / "ckpts" / "old"
+    archive.mkdir()
+    shutil.copy(ckpt, archive)
+    back = fastper.load(archive / "c.fpk")
+    assert len(back) == 10
+    np.testing.assert_array_equal(
+        back.storage.gather(np.arange(10))["obs"][:, 0], np.arange(0, 40, 4)
+    )
+    back.storage.close()

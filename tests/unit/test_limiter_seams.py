@@ -319,3 +319,62 @@ def test_to_torch_refuses_a_field_named_like_a_batch_entry() -> None:
     buf.add({"keys": np.arange(4)})
     with pytest.raises(ValueError, match=r"got fields \['keys'\]: rename them"):
         buf.sample(2).to_torch()
+
+
+def test_defect_a_failed_read_puts_back_the_buffers_draw(tmp_path) -> None:
+    """The limiter gave the samples back when the read failed, but the buffer's
+    generator and step stayed moved (a plain sample puts both back)."""
+    from fastper import PrioritizedReplayBuffer, RateLimitedBuffer, RateLimiter
+    from fastper.disk import DiskStorage
+
+    fields = {"obs": ((4,), np.float32)}
+    storage = DiskStorage(fields, 16, tmp_path / "buf", ram_budget=0)
+    buf = PrioritizedReplayBuffer(16, fields, storage=storage, seed=0)
+    buf.add({"obs": np.ones((10, 4), np.float32)})
+    rb = RateLimitedBuffer(buf, RateLimiter(1.0, 1, None))
+    before, step = buf.state_dict()["buffer"]["rng"], buf.step
+    real = storage.gather
+
+    def failing(idx: Any) -> Any:
+        raise OSError("EIO")
+
+    storage.gather = failing  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="EIO"):
+        rb.sample(4)
+    assert buf.state_dict()["buffer"]["rng"] == before and buf.step == step
+    assert rb.limiter.samples == 0
+    storage.gather = real  # type: ignore[method-assign]
+    assert len(rb.sample(4)) == 4 and buf.step == step + 1
+    storage.close()
+
+
+def test_defect_rows_drawn_again_keep_the_step_and_one_normalisation() -> None:
+    """Rows overwritten during the read are drawn again: that used to move the buffer's
+    step once more per round and, with weight_norm="batch", normalise them apart."""
+    from fastper import PrioritizedReplayBuffer, RateLimitedBuffer, RateLimiter
+
+    buf = PrioritizedReplayBuffer(
+        8, {"obs": ((), np.float32)}, seed=1, weight_norm="batch", shuffle=False, beta=1.0
+    )
+    buf.add({"obs": np.arange(8, dtype=np.float32)})
+    buf.update_priorities(np.arange(8), 2.0 ** np.arange(8))
+    rb = RateLimitedBuffer(buf, RateLimiter(1.0, 1, None))
+    real = buf.storage.gather
+    calls = [0]
+
+    def racing(idx: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:  # an actor overwrites slots 0..3 while the rows are read
+            buf.add({"obs": np.full(4, 100.0, np.float32)}, priorities=np.full(4, 1.0))
+        return real(idx)
+
+    buf.storage.gather = racing  # type: ignore[method-assign]
+    step = buf.step
+    batch = rb.sample(8)
+    assert rb.stats["redrawn_rows"] > 0
+    assert buf.step == step + 1
+    assert batch.weights.max() == 1.0
+    np.testing.assert_allclose(
+        batch.weights, (batch.probabilities / batch.probabilities.min()) ** -1.0, rtol=1e-12
+    )
+    np.testing.assert_array_equal(buf.keys(batch.indices), batch.keys)

@@ -80,6 +80,7 @@ from .._validation import (
     show,
     unwrap_batch,
 )
+from ..batch import check_batch_size
 from ..buffer_core import BufferCore, check_flag, constructor_args
 from ..buffer_state import (
     locked,
@@ -460,7 +461,7 @@ class _DeviceBuffer(BufferCore):
             ZeroPriorityError: every priority is zero (checked only when one
                 can be: ``eps == 0`` or explicit zero priorities, with ``validate``).
         """
-        b = check_int("batch_size", batch_size, minimum=1)
+        b = check_batch_size(batch_size)  # at most 2^24 draws: an absurd size fails here
         beta_v = check_real(
             "beta", self._beta_schedule(self._step) if beta is None else beta, minimum=0.0
         )

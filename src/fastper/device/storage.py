@@ -64,10 +64,12 @@ _NUMPY_TO_TORCH = {
 def narrows(src: torch.dtype, dst: torch.dtype) -> bool:
     """Whether casting ``src`` to ``dst`` (allowed by :func:`torch.can_cast`) may
     change a value by overflow: a float type of smaller range, an integer type
-    that does not hold every value of ``src``. Ints and bools to floats, and
-    bools to anything, never overflow. O(1)."""
-    if src == torch.bool or (dst.is_floating_point and not src.is_floating_point):
+    that does not hold every value of ``src``, or an integer type past a float's
+    range (int32 -> float16: 65504). Bools never overflow. O(1)."""
+    if src == torch.bool:
         return False
+    if dst.is_floating_point and not src.is_floating_point:
+        return bool(torch.finfo(dst).max < torch.iinfo(src).max)
     if src.is_floating_point:
         return bool(torch.finfo(dst).max < torch.finfo(src).max)
     s, d = torch.iinfo(src), torch.iinfo(dst)
@@ -164,8 +166,10 @@ class TorchStorage:
         """Refuse a narrowing cast that would change a value, as :class:`fastper.Storage`
         does (the same rule and message). One read-back from the device. O(B)."""
         want = self.dtypes[name]
-        if t.dtype.is_floating_point:
-            changed = torch.isfinite(t) & ~torch.isfinite(t.to(want))  # overflow to inf
+        if want.is_floating_point:  # overflow to inf (a float, or an int past float16)
+            changed = ~torch.isfinite(t.to(want))
+            if t.dtype.is_floating_point:
+                changed &= torch.isfinite(t)
         else:
             info = torch.iinfo(want)
             changed = (t < info.min) | (t > info.max)

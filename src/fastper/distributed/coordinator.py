@@ -62,7 +62,7 @@ from .._validation import (
     show,
     unwrap_batch,
 )
-from ..batch import SampleBatch
+from ..batch import SampleBatch, check_batch_size
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
 from ..policy import NORMS
 from .plan import ShardView, Split, combine_weights, rendezvous, split_points
@@ -358,7 +358,7 @@ class ShardedReplayBuffer:
             ZeroPriorityError: every mass is zero.
             ShardLostError: a shard is lost and the policy is ``"raise"``.
         """
-        b = check_int("batch_size", batch_size, minimum=1)
+        b = check_batch_size(batch_size)  # at most 2^24 draws: an absurd size fails here
         beta_v = check_real("beta", self._beta(self._step) if beta is None else beta, minimum=0.0)
         while True:
             state = self._rng.bit_generator.state
@@ -523,7 +523,10 @@ class ShardedReplayBuffer:
         if unwritten.any() or unissued.any():
             self._refresh_by_policy()  # our views may lag inserts that went straight to a shard
             live = ~np.isin(owner, self._lost) if self._lost else live
-            current = current & live
+            if use_keys:  # a shard restored by the refresh started a new generation
+                current = live & ((k >> GENERATION_SHIFT) == self._generation[owner])
+            else:
+                current = current & live
             unwritten, unissued = self._unknown(owner, slots, local, current)
         if unwritten.any():
             bad = idx[unwritten][:8]
