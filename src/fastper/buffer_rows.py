@@ -255,7 +255,7 @@ class RowsMixin(SamplingMixin):
         """
         w = self._writer
         cap = self._capacity
-        start = (w.cursor + lost) % cap
+        start = w.cursor if not lost else (w.cursor + lost) % cap
         slots = w.slots(start, k)
         for guard in self._guards:  # a save in progress keeps the rows it still needs
             guard.before_write(slots)
@@ -267,7 +267,13 @@ class RowsMixin(SamplingMixin):
             lost -= step
         w.advance(k)
         if p is None:
-            self._admit_run(start, k, priority)
+            if self._validity.n_invalid:
+                self._admit_run(start, k, priority)
+            else:  # every slot valid (the common case): one run, two if it wraps
+                first = min(k, cap - start)
+                self._sampler.write_run(start, first, priority)
+                if first < k:
+                    self._sampler.write_run(0, k - first, priority)
         else:
             self._max_seen = max(self._max_seen, float(p.max()))
             validity = self._validity
