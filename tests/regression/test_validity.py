@@ -184,3 +184,27 @@ def test_ranks_refuse_invalid_slots_and_adopt_refuses_frame_buffers() -> None:
     with pytest.raises(ValueError, match="frame_stack"):
         frames.adopt(2)
     assert len(frames) == 0
+
+
+def test_bad_input_to_invalidate_and_gather_is_refused_and_changes_nothing() -> None:
+    buf = PrioritizedReplayBuffer(16, FIELDS, seed=0)
+    buf.add({"obs": np.zeros((6, 2)), "action": np.arange(6)})
+    buf.invalidate([1])
+    before = buf.state_dict()
+    with pytest.raises(fastper.InvalidIndexError):
+        buf.invalidate([2, 9])  # slot 9 never written: nothing invalidated, not even 2
+    with pytest.raises(TypeError, match="`indices`"):
+        buf.invalidate([2.0])
+    drawn = buf.draw(4)
+    after_draw = buf.state_dict()
+    with pytest.raises(ValueError, match="`keys` must have 4 entries"):
+        buf.gather(drawn.indices, drawn.keys[:3])
+    with pytest.raises(fastper.InvalidIndexError):
+        buf.gather([99], [0])
+    assert buf.num_valid == 5 and buf.is_valid([2]).all()
+    assert after_draw["buffer"] == buf.state_dict()["buffer"]
+    np.testing.assert_array_equal(
+        before["sampler"]["priorities"], buf.state_dict()["sampler"]["priorities"]
+    )
+    data, fresh = buf.gather(drawn.indices, drawn.keys)
+    assert fresh.all() and data["action"].shape == (4,)
