@@ -36,6 +36,9 @@ MAX_BATCH_SIZE = 1 << 24
 #: bytes a sample holds per draw besides the row: uniform, index, key,
 #: probability, weight and shuffle position (8 bytes each)
 DRAW_NBYTES = 48
+#: batches this small, of rows this small, pass without arithmetic (a hot-path shortcut)
+SMALL_BATCH = 1 << 16
+SMALL_ROW = 4096
 #: ``to_torch`` entries besides the fields
 BATCH_KEYS = ("weights", "indices", "keys", "probabilities")
 
@@ -66,7 +69,7 @@ def check_batch_size(batch_size: Any, row_nbytes: int = 0) -> int:
     b = batch_size if type(batch_size) is int else check_int("batch_size", batch_size, minimum=1)
     if b < 1:
         check_int("batch_size", b, minimum=1)
-    if b <= 65536 and row_nbytes <= 4096:
+    if b <= SMALL_BATCH and row_nbytes <= SMALL_ROW:
         return b  # far below any limit: no arithmetic on the hot path
     limit = max_batch_size(row_nbytes)
     if b > limit:

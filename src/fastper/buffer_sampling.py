@@ -16,7 +16,7 @@ import numpy as np
 
 from ._validation import as_1d as _as_1d
 from ._validation import as_index_array, as_value_array, check_int, check_real, to_numpy
-from .batch import Gathered, MassSample, SampleBatch, check_batch_size
+from .batch import SMALL_BATCH, SMALL_ROW, Gathered, MassSample, SampleBatch, check_batch_size
 from .buffer_core import locked
 from .buffer_state import StateMixin
 from .errors import EmptyBufferError
@@ -25,10 +25,6 @@ from .samplers import NORM_CODES
 from .storage import PlacedByMass
 
 __all__ = ["SamplingMixin"]
-
-# batches this small, of rows this small, always pass check_batch_size (a fast path)
-_SMALL_BATCH = 1 << 16
-_SMALL_ROW = 4096
 
 
 class SamplingMixin(StateMixin):
@@ -201,7 +197,7 @@ class SamplingMixin(StateMixin):
         """Check, then draw (the caller holds the lock). When a later read may fail
         (``gather_can_fail``), what the draw changed comes back too, for :meth:`_undo_draw`."""
         b = batch_size
-        if type(b) is not int or not 0 < b <= _SMALL_BATCH or self._row_nbytes > _SMALL_ROW:
+        if type(b) is not int or not 0 < b <= SMALL_BATCH or self._row_nbytes > SMALL_ROW:
             b = check_batch_size(batch_size, self._row_nbytes)
         beta_v = self._check_beta(self._beta_schedule(self._step) if beta is None else beta)
         n = self._writer.size - self._validity.n_invalid

@@ -67,7 +67,7 @@ def fill_random(model, steps: int, seed: int = 0) -> None:
 def next_batch(buf: PrioritizedReplayBuffer, batch_size: int):
     """The minibatch ``buf`` will draw next (a copy of its state draws the same)."""
     clone = fastper.from_state_dict(buf.fastper_buffer.state_dict())
-    return clone.sample(batch_size, beta=buf._beta_now)
+    return clone.sample(batch_size)  # the buffer's own beta schedule, as the adapter uses
 
 
 # ---------------------------------------------------------------------------

@@ -212,8 +212,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     #: samples without any priority update after which a prioritized buffer
     #: warns, once, that it is not replaying by priority
     warn_unprioritized_after: int = 1000
-    #: no beta is passed to the fastper buffer's ``sample``: its schedule decides
-    _beta_now: ClassVar[None] = None
 
     def __init__(
         self,
