@@ -373,7 +373,7 @@ def render(args: argparse.Namespace, saves: dict, loads: list[dict], total_s: fl
     read = max(r["read_ratio"] for r in warm)
     lines += [
         "",
-        "Targets (items 12 and 13): max add latency during a save of a 2^22 buffer <= 50 ms; "
+        "Targets: max add latency during a save of a 2^22 buffer <= 50 ms; "
         "load peak RSS <= 1.2x the file size, the file read once.",
         "",
         f"This run: max add latency during the new saves {worst:.1f} ms "

@@ -54,7 +54,7 @@ warnings recorded (``warnings.catch_warnings``) / 20 is the syncs per step
 ``--threads T [T ...]``: ``torch.set_num_threads`` for a section of the
 report each (the buffers are built once). Default: torch's own setting.
 
-Targets (issue): on a GPU, sample + update of 4096 at 2^24 in < 1 ms with zero
+Targets: on a GPU, sample + update of 4096 at 2^24 in < 1 ms with zero
 syncs (variant 1; evaluated only on cuda at that size); on the CPU device,
 every device-buffer variant within 3x of the reference. Results go to
 ``--out`` as markdown with the machine and the exact command. ``--quick``: a
@@ -486,7 +486,7 @@ def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str
 
 
 def targets(sections: list[Section], device: torch.device, capacity: int) -> list[str]:
-    out = ["## Targets (from the issue)", ""]
+    out = ["## Targets", ""]
     gpu = "- GPU: sample + update of 4096 at 2^24 in < 1 ms, zero syncs (backend=torch, validate=False): "
     if device.type != "cuda":
         out.append(gpu + "not evaluated (needs a cuda device).")

@@ -1,4 +1,4 @@
-"""Peer comparison: fastper vs cpprb, Tianshou and TorchRL prioritized replay (issue #3).
+"""Peer comparison: fastper vs cpprb, Tianshou and TorchRL prioritized replay.
 
 Usage:
     python benchmarks/peers.py [--quick] [--capacities 2^16 2^20 ...] [--batches 32 256 ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from adapters import ADAPTERS  # noqa: E402
 
 PANELS = [
-    ("fill", "fill: init + add to capacity", "us / transition"),
-    ("sample", "sample: indices + weights + data", "us / call"),
-    ("update", "update priorities", "us / call"),
-    ("learner_step", "learner step: sample + update", "us / call"),
-    ("memory", "memory of the filled buffer", "RSS bytes / slot"),
+    ("fill", "fill: init + add to capacity", "time per transition (µs, median)"),
+    ("sample", "sample: indices + weights + data", "time per call (µs, median)"),
+    ("update", "update priorities", "time per call (µs, median)"),
+    ("learner_step", "learner step: sample + update", "time per call (µs, median)"),
+    ("memory", "memory of the filled buffer", "resident memory per slot (bytes)"),
 ]
+#: an absolute path's folders (a reason's file names keep their last two parts only)
+_FOLDERS = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+(?=[\w.+-]+/[\w.+-]+)")
 COLORS = {"fastper": "C3", "cpprb": "C0", "tianshou": "C2", "torchrl": "C1"}
 
 
@@ -58,7 +61,7 @@ def plot(results: list[dict[str, Any]], path: Path, batch: int = 256) -> None:
             ax.set_yscale("log")
         title_b = f"{title} (B={batch})" if op not in ("fill", "memory") else title
         ax.set_title(title_b, fontsize=10)
-        ax.set_xlabel("capacity N")
+        ax.set_xlabel("buffer capacity N (transitions)")
         ax.set_ylabel(unit)
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -70,14 +73,15 @@ def plot(results: list[dict[str, Any]], path: Path, batch: int = 256) -> None:
     for r in results:
         if not r.get("available") and r["lib"] not in seen:
             seen.add(r["lib"])
-            lines.append(f"{r['lib']}: " + _wrap(str(r.get("reason")), 60))
+            reason = _FOLDERS.sub("", str(r.get("reason")))  # no machine paths in the figure
+            lines.append(f"{r['lib']}: " + _wrap(reason, 60))
     if len(lines) == 1:
         lines = ["All libraries measured."]
     lines += ["", "Medians; dashed, hollow: fill extrapolated", "from timed single adds."]
     notes.text(0.0, 1.0, "\n".join(lines), va="top", fontsize=8, family="monospace")
     fig.suptitle("fastper vs peers: proportional PER (alpha 0.6, beta 0.4), lower is better")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
 
 

@@ -1,12 +1,12 @@
-"""Copy the peer-benchmark summary (benchmarks/results/peers.md) into README.md.
+"""Copy the peer-benchmark summary (benchmarks/results/peers.md) into docs/benchmarks.md.
 
-The README shows the same tables, from the same run, as the committed CSV;
+The benchmarks page shows the same tables, from the same run, as the committed CSV;
 ``tests/unit/test_readme_benchmarks.py`` checks that they agree. Run after a
 full ``python benchmarks/peers.py``:
 
     python benchmarks/readme.py
 
-It refuses (exit status 2, README.md untouched) when peers.md measured no
+It refuses (exit status 2, docs/benchmarks.md untouched) when peers.md measured no
 peer library, i.e. every "fastest peer" cell of its summary reads n/a.
 """
 
@@ -45,7 +45,7 @@ def check_measured(block: str) -> None:
 
 
 def sync(readme: Path, peers_md: Path) -> bool:
-    """Replace the README block between the markers; True if it changed."""
+    """Replace the block between the markers; True if it changed."""
     text = readme.read_text()
     if START not in text or END not in text:
         raise ValueError(f"{readme} lacks the {START} / {END} markers")
@@ -60,8 +60,8 @@ def sync(readme: Path, peers_md: Path) -> bool:
 
 if __name__ == "__main__":
     try:
-        changed = sync(ROOT / "README.md", ROOT / "benchmarks" / "results" / "peers.md")
+        changed = sync(ROOT / "docs" / "benchmarks.md", ROOT / "benchmarks" / "results" / "peers.md")
     except (ValueError, OSError) as exc:
         print(f"readme.py: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    print("README.md updated" if changed else "README.md already up to date", file=sys.stderr)
+    print("docs/benchmarks.md updated" if changed else "docs/benchmarks.md already up to date", file=sys.stderr)

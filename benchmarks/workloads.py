@@ -2,7 +2,7 @@
 
     python benchmarks/workloads.py [--capacities 1048576 4194304] [--out benchmarks/results/workloads.md]
 
-Rows (targets from issue 10): a linear alpha schedule vs a constant alpha
+Rows (with their target ratios): a linear alpha schedule vs a constant alpha
 (<= 1.2x), rank-based and uniform replay vs proportional with one add, one
 sample and one update per step, full and half full (rank <= 2x), an n-step add
 of one transition vs a plain one (<= 2x) and a 4-env vector step vs a plain

@@ -34,8 +34,8 @@ What runs where:
   replay call is a round trip of milliseconds to other processes. IS weights
   are divided by the largest in the batch (``--weight-norm batch``, as
   Dopamine does); with fastper's default, the largest over the whole memory,
-  the updates shrink with the lowest priority anywhere (see the README on
-  ``dqn_per.py``);
+  the updates shrink with the lowest priority anywhere (see "Importance-sampling weights" in
+  ``docs/concepts.md``);
 * **a rate limiter** (Ray actor, ``--samples-per-insert`` > 0): holds the
   learner's samples per inserted transition near that ratio; the side that
   runs ahead waits.
@@ -46,12 +46,12 @@ and at the end. The cluster is local (node address 127.0.0.1, no dashboard,
 Ray's token authentication with a fresh token in ``RAY_AUTH_TOKEN`` unless one
 is set, so nothing is written to ``~/.ray``) and shut down at the end
 (``ray.shutdown()``: no process is left). Ray 2.60's GCS port still listens on
-every interface: see the README's "Who may connect" before running it on a
+every interface: see "Who may connect" in ``docs/guides/ray.md`` before running it on a
 shared network. ``main(argv)``
 returns a summary, also written as JSON with ``--summary-json``; ``--save-dir``
 checkpoints the shards (a manifest and one fastper file per shard) at the end.
 
-Measured on the project's shared 2-core machine (``docs/distributed.md``): the
+Measured on the project's shared 2-core machine (``docs/guides/ray.md``): the
 defaults ran 8,000 updates in 203-238 s of learning (211-250 s in all) at
 34-39 updates/s, the actors inserting 1,100-1,300 transitions/s; the final
 greedy means over 10 episodes for seeds 0-4 were 500.0, 329.2, 445.7, 500.0 and

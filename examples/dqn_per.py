@@ -1,6 +1,6 @@
 """Double DQN with n-step prioritized replay on a Gymnasium vector env, in one file.
 
-    python examples/dqn_per.py                            # CartPole-v1, 4 envs, ~1 min on a CPU
+    python examples/dqn_per.py                            # CartPole-v1, 4 envs
     python examples/dqn_per.py --total-timesteps 20000 --num-envs 8 --seed 3
     python examples/dqn_per.py --help                     # every argument
 

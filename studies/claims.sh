@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed design's claims, each tested at small scale (issue 15): two arms per
+# Proposed PER variants, each tested at small scale: two arms per
 # claim, the same seeds, everything else equal.
 #
 #   bash studies/claims.sh [CLAIM ...]     # default: all six, one after another
@@ -18,7 +18,7 @@
 # env steps per run (the CartPole study's budget, docs/results/cartpole_dqn:
 # 70-110 s per run on an idle core), 5 seeds x 2 arms = 10 runs, 8-15 min
 # per claim; SAC on Pendulum-v1, 15,000 steps (the Pendulum study's budget,
-# about 80 s per run on an idle core), 10 runs, 8-15 min. Earlier sessions on
+# about 80 s per run on an idle core), 10 runs, 8-15 min. Earlier runs on
 # a busier machine saw 5-13 min per run. SEEDS (default 5), SEED_OFFSET (the
 # first seed, default 0) and STEPS_DQN / STEPS_SAC change them for every claim;
 # WORKERS (default 2) sets the processes per arm: two claims can run side by

@@ -1,4 +1,4 @@
-"""Verdicts on the seed design's claims (studies/claims.sh), from the runs.
+"""Verdicts on the proposed PER variants (studies/claims.sh), from the runs.
 
     python studies/claims_report.py [ROOT] [--stage 1|2] [--seeds LO-HI] > verdicts.md
 
@@ -261,14 +261,16 @@ def main(argv: list[str]) -> int:
     seeds = "every seed found" if args.seeds is None else f"seeds {args.seeds[0]}-{args.seeds[1]}"
     lines = [
         f"Stage {stage}, {seeds}. Primary metric per claim as fixed in "
-        f"`studies/claims_report.py`; mean [95% t-CI], IQM [95% bootstrap CI] ({backend.note}); "
-        f"gain = (arm - base) / |base|; Welch and Mann-Whitney two-sided; Holm over the "
+        f"`studies/claims_report.py`; n = seeds per arm; mean and IQM with 95% percentile "
+        f"bootstrap intervals over seeds (fixed seed; IQM: {backend.note}); "
+        f"gain = (arm - base) / |base|, with Welch's 95% interval of the difference of means; "
+        f"Welch and Mann-Whitney two-sided; Holm over the "
         f"{len(results)} primary tests; 'fits' = whether base + the claimed gain stays within "
         f"the environment's highest return (where not, 'not supported' is forced by the ceiling).",
         "",
-        "| claim | env, steps | metric | base: mean [CI] | arm: mean [CI] | gain [95% CI] | "
+        "| claim | env, steps | metric | n | base: mean [CI] | arm: mean [CI] | gain [95% CI] | "
         "claimed | fits | Welch p (Holm) | MWU p | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.claim
@@ -283,8 +285,8 @@ def main(argv: list[str]) -> int:
         gain = f"{(a.mean() - b.mean()) / scale:+.0%} [{lo / scale:+.0%}, {hi / scale:+.0%}]"
         claimed = f"+{c.gain:.0%}" if c.gain is not None else f"none (>= +{SMALLEST_GAIN:.0%})"
         lines.append(
-            f"| {c.name} | {r.env}, {r.steps:,} | {c.metric} | {c.base} "
-            f"{fmt_est(stats.t_interval(b))} | {c.arm} {fmt_est(stats.t_interval(a))} | {gain} | "
+            f"| {c.name} | {r.env}, {r.steps:,} | {c.metric} | {b.size} / {a.size} | {c.base} "
+            f"{fmt_est(stats.mean_ci(b))} | {c.arm} {fmt_est(stats.mean_ci(a))} | {gain} | "
             f"{claimed} | {'yes' if attainable(b, c.gain, r.env) else 'no'} | "
             f"{r.p_welch:.3g} ({r.p_holm:.3g}) | {mwu:.3g} | **{r.verdict}** |"
         )
@@ -297,14 +299,14 @@ def main(argv: list[str]) -> int:
             f"{r.env}, {r.steps:,} steps; base `{c.base}` seeds {r.seeds[0]}, arm `{c.arm}` "
             f"seeds {r.seeds[1]}; primary metric `{c.metric}`.",
             "",
-            "| metric | arm | per seed | mean [95% t-CI] | IQM [95% bootstrap CI] |",
-            "|---|---|---|---|---|",
+            "| metric | arm | n | per seed | mean [95% CI] | IQM [95% CI] |",
+            "|---|---|---|---|---|---|",
         ]
         for m in ("final", "early", "auc"):
             for name, v in ((c.base, r.base[m]), (c.arm, r.arm[m])):
                 per = " ".join(f"{x:.4g}" for x in v)
                 lines.append(
-                    f"| {m} | {name} | {per} | {fmt_est(stats.t_interval(v))} | "
+                    f"| {m} | {name} | {v.size} | {per} | {fmt_est(stats.mean_ci(v))} | "
                     f"{fmt_est(stats.iqm_ci(v, backend))} |"
                 )
         lines += [

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MinAtar study (issue 15): Double DQN with MinAtar's CNN on the five games,
+# MinAtar study: Double DQN with MinAtar's CNN on the five games,
 # uniform vs proportional vs rank-based replay, 5 seeds each.
 #
 #   bash studies/minatar.sh [GAME ...]     # default: all five, one after another

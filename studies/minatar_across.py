@@ -54,11 +54,13 @@ def main(argv: list[str]) -> int:
     backend = stats.stats_backend("auto")
     n = min(len(g[s]["final"]) for g in games.values() for s in SCHEMES)
     lines = [
-        f"Games: {', '.join(games)} ({n} runs per scheme and game; scores divided by uniform's "
-        f"mean on the game; IQM [95% stratified bootstrap CI], {backend.note})",
+        f"Games: {', '.join(games)} ({n} runs (seeds) per scheme and game; scores divided by "
+        f"uniform's mean on the game; IQM [95% percentile bootstrap CI, runs resampled within "
+        f"each game, fixed seed], {backend.note})",
         "",
-        "| scheme | final return: IQM [CI] | AUC: IQM [CI] | final return per game (mean) |",
-        "|---|---|---|---|",
+        "| scheme | n (runs x games) | final return: IQM [CI] | AUC: IQM [CI] | "
+        "final return per game (mean) |",
+        "|---|---|---|---|---|",
     ]
     for s in SCHEMES:
         cols = {}
@@ -72,7 +74,7 @@ def main(argv: list[str]) -> int:
             f"{name} {g[s]['final'].mean() / g['uniform']['final'].mean():.2f}"
             for name, g in games.items()
         )
-        lines.append(f"| {s} | {cols['final']} | {cols['auc']} | {per_game} |")
+        lines.append(f"| {s} | {n} x {len(games)} | {cols['final']} | {cols['auc']} | {per_game} |")
     if left_out:
         lines += ["", f"Left out (uniform's mean return or AUC not above 0): {', '.join(left_out)}"]
     print("\n".join(lines))

@@ -214,7 +214,7 @@ def _actor_learner(buf: BaseBuffer, batch: int, seed: int = 1) -> Callable[[], o
 def run_workloads(
     capacity: int, batch_size: int = 256, rounds: int = 5, calls: int = 100
 ) -> list[Pair]:
-    """Time the loops of issue 10 at ``capacity``; each with its reference and target ratio.
+    """Time the workload loops at ``capacity``; each with its reference and target ratio.
 
     ``capacity`` must be at least :data:`MIN_WORKLOAD_CAPACITY`.
     """
@@ -281,7 +281,7 @@ def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:
         if p.target is None:
             goal = "-"
         else:
-            goal = f"<= {p.target:g}x ({'met' if p.ratio <= p.target else 'NOT met'})"
+            goal = f"<= {p.target:g}x ({'met' if p.ratio <= p.target else 'not reached'})"
         lines.append(
             f"| {p.name} | {p.median_us:.1f} | {p.reference} | {p.reference_us:.1f} | "
             f"{p.ratio:.2f}x | {goal} |"

@@ -87,8 +87,9 @@ def as_index_array(
         )
     if written is not None and hi >= written:
         bad = arr[arr >= written]
+        filled = "nothing is stored yet" if written == 0 else f"slots 0 to {written - 1} are filled"
         raise InvalidIndexError(
-            f"`{name}` must name written slots (fewer than {written} are filled), "
+            f"`{name}` must name written slots ({filled}), "
             f"got never-written {name}={show(bad[:_MAX_SHOW])}"
         )
     return np.ascontiguousarray(arr, dtype=np.int64)
@@ -189,15 +190,66 @@ def nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     roles = ("reward", "next_obs", "terminated", "truncated")
     for key, value in dict(nstep_keys or {}).items():
-        role = key[: -len("_key")] if key.endswith("_key") else key
+        role = key[: -len("_key")] if isinstance(key, str) and key.endswith("_key") else key
         if role not in roles:
             raise ValueError(
                 f"`nstep_keys` names roles among {list(roles)}, got nstep_keys key {key!r}"
             )
         if value is not None and not isinstance(value, str):
-            raise TypeError(f"`nstep_keys` values must be field names or None, got {show(value)}")
+            raise TypeError(
+                f"`nstep_keys` values must be field names or None, got "
+                f"nstep_keys[{key!r}]={show(value)}"
+            )
         out[f"{role}_key"] = value
     return out
+
+
+#: the constructor option that lets non-finite rewards in
+NONFINITE_OPTION = "allow_nonfinite_rewards"
+
+
+def check_finite_rewards(field: str, values: np.ndarray) -> None:
+    """Refuse NaN / inf in the rewards of an add (``values``: the field's rows, any shape).
+
+    O(1) for one value (no numpy call), O(B) for a batch; integers pass unread.
+
+    Raises:
+        ValueError: a reward is NaN or infinite; names the rows and the opt-out.
+    """
+    if values.dtype.kind != "f":
+        return
+    if values.size == 1:
+        if math.isfinite(values.item()):
+            return
+    else:
+        flat = values.reshape(-1)
+        # a sum of squares is finite only if every value is (no inf - inf can cancel):
+        # one BLAS call; an overflow (|r| > 1e19 in float32) falls to the exact test
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares = flat.dot(flat)
+        if math.isfinite(squares) or np.isfinite(flat).all():
+            return
+    per_row = values.reshape(values.shape[0], -1) if values.ndim > 1 else values.reshape(-1, 1)
+    rows = np.flatnonzero(~np.isfinite(per_row).all(axis=1))
+    bad = per_row[rows][~np.isfinite(per_row[rows])]
+    shown = ", ".join(str(float(v)) for v in bad[:_MAX_SHOW])
+    where = f" in rows {rows[:_MAX_SHOW].tolist()}" if values.size > 1 else ""
+    raise ValueError(
+        f"`{field}` must be finite (a NaN or inf reward makes every return, TD target and "
+        f"priority computed from it NaN or inf), got {field}={shown}{where}; "
+        f"nothing was stored. Fix the environment or wrapper that produces it, or pass "
+        f"{NONFINITE_OPTION}=True to the buffer to store such rewards as given"
+    )
+
+
+def nstep_key_names(nstep_keys: Mapping[str, Any] | None) -> dict[str, str]:
+    """How the user wrote each role of ``nstep_keys`` (``"nstep_keys['reward']"``), for messages."""
+    names: dict[str, str] = {}
+    for key in dict(nstep_keys or {}):
+        if isinstance(key, str):
+            role = key[: -len("_key")] if key.endswith("_key") else key
+            names[role] = f"nstep_keys[{key!r}]"
+    return names
 
 
 def unwrap_batch(indices: Any, keys: Any) -> tuple[Any, Any]:

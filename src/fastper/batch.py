@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._validation import check_int
+from .errors import require
 from .storage import physical_memory
 
 __all__ = [
@@ -128,10 +129,7 @@ class SampleBatch:
             ValueError: a field is named like one of the batch's own entries
                 (``weights``, ``indices``, ``keys``, ``probabilities``).
         """
-        try:
-            import torch
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("to_torch needs PyTorch: pip install 'fastper[agents]'") from exc
+        torch = require("torch", "SampleBatch.to_torch", "torch")
         clash = [k for k in BATCH_KEYS if k in self.data]
         if clash:
             raise ValueError(

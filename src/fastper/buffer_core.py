@@ -20,9 +20,10 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from . import schedules as _sched
-from ._validation import check_int, check_real, show
+from ._validation import check_finite_rewards, check_int, check_real, show
 from ._validation import nstep_key_args as _nstep_key_args
-from .nstep import NStepPlan, NStepWriter
+from ._validation import nstep_key_names as _nstep_key_names
+from .nstep import REWARD_KEYS, NStepPlan, NStepWriter
 from .storage import Field, FieldLike, ReplayStorage, make_fields
 from .writer import RingWriter
 
@@ -73,6 +74,9 @@ class BufferCore:
     _storage: ReplayStorage
     _lock: threading.RLock
     _frames: Any = None  # a FrameStore on host buffers built with frame_stack
+    _allow_nonfinite: bool = False
+    #: the float reward field whose values an add checks are finite (None: no check)
+    _reward_check: str | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Python would name the private ``_Buffer.__init__`` for a misspelt keyword
@@ -107,6 +111,7 @@ class BufferCore:
         autoreset: str | None,
         nstep_keys: Mapping[str, str | None] | None,
         seed: int | None,
+        allow_nonfinite_rewards: bool = False,
     ) -> tuple[dict[str, Field], float]:
         """Check and keep the shared settings. Returns (the stored fields, alpha at step 0)."""
         self._capacity = check_int("capacity", capacity, minimum=1)
@@ -140,11 +145,23 @@ class BufferCore:
         if n_step > 1 or autoreset is not None or n_envs is not None:
             self._nstep = NStepWriter(
                 input_fields, n_step, self._gamma, n_envs=n_envs, autoreset=autoreset,
-                discount_field=n_step > 1, **_nstep_key_args(nstep_keys),
+                discount_field=n_step > 1, key_names=_nstep_key_names(nstep_keys),
+                **_nstep_key_args(nstep_keys),
             )  # fmt: skip
             stored = self._nstep.output_fields
         elif nstep_keys:
             _nstep_key_args(nstep_keys)  # checked, unused without streams
+        self._allow_nonfinite = check_flag("allow_nonfinite_rewards", allow_nonfinite_rewards)
+        self._reward_check = None
+        if not self._allow_nonfinite:
+            if self._nstep is not None:
+                reward = self._nstep.reward_key
+            else:
+                named = _nstep_key_args(nstep_keys).get("reward_key")
+                reward = named or next((k for k in REWARD_KEYS if k in input_fields), None)
+            if reward is not None and reward in input_fields:
+                if input_fields[reward].dtype.kind == "f":
+                    self._reward_check = reward
         self._alpha_schedule = _sched.as_schedule(
             "alpha", self._default_alpha if alpha is None else alpha
         )
@@ -159,6 +176,13 @@ class BufferCore:
         self._seed = None if seed is None else check_int("seed", seed, minimum=0)
         self._writer = RingWriter(self._capacity)
         return stored, alpha0
+
+    def _check_rewards(self, rows: Mapping[str, Any]) -> None:
+        """Refuse non-finite rewards in ``rows`` (checked rows of an add, numpy), unless
+        the buffer was made with ``allow_nonfinite_rewards=True``. O(1) for one row."""
+        field = self._reward_check
+        if field is not None:
+            check_finite_rewards(field, rows[field])
 
     # -- n-step windows: one plan for every front end ----------------------------------
     @staticmethod
@@ -208,7 +232,9 @@ class BufferCore:
                 would overflow the sum tree (nothing changes).
         """
         schedule = _sched.as_schedule("alpha", alpha)
-        self._apply_alpha(self._checked_alpha(schedule(self._step - self._step % self._alpha_every)))
+        self._apply_alpha(
+            self._checked_alpha(schedule(self._step - self._step % self._alpha_every))
+        )
         self._alpha_schedule = schedule
 
     @locked
@@ -311,6 +337,8 @@ class BufferCore:
             "gamma": self._gamma,
             "seed": self._seed,
             "nstep": None if nstep is None else nstep.settings(),
+            # only when set: the headers of buffers with the default stay as they were
+            **({"allow_nonfinite_rewards": True} if self._allow_nonfinite else {}),
             **self._class_settings(),
         }
 

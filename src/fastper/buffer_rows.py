@@ -48,7 +48,9 @@ class RowsMixin(SamplingMixin):
                 field's shape is one transition, one with an extra leading
                 dimension a batch. Values are cast to the field's dtype where no
                 value changes (e.g. float64 -> float32, integral floats -> int).
-                NaN and inf in float fields are stored as given, unchecked.
+                A NaN or inf reward is refused unless the buffer was made with
+                ``allow_nonfinite_rewards=True``; NaN and inf in the other float
+                fields (observations) are stored as given, unchecked.
             priorities: optional raw priorities p_i (>= 0, finite), one per
                 transition; by default each gets :attr:`max_priority`. Not
                 accepted with n-step or stream tracking.
@@ -65,8 +67,9 @@ class RowsMixin(SamplingMixin):
         Raises:
             ValueError: missing / unknown fields, wrong shapes, an empty batch,
                 a batch larger than the capacity (with n-step: one that would
-                also complete more), bad priorities, or a batch whose streams
-                are unknown (n-step without ``env_ids`` or ``n_envs``).
+                also complete more), bad priorities, a NaN or inf reward, or a
+                batch whose streams are unknown (n-step without ``env_ids`` or
+                ``n_envs``).
             FieldTypeError: a value that cannot be cast safely.
         """
         if self._frames is not None:
@@ -74,6 +77,7 @@ class RowsMixin(SamplingMixin):
         if self._nstep is not None:
             self._refuse_priorities_with_windows(priorities)
             batch, k = coerce_batch(self._nstep.fields, transition, None)
+            self._check_rewards(batch)
             plan = self._plan_windows(batch, k, env_ids)
             out, m = plan.out, plan.count
             # the rows first, the windows after: a storage whose write fails (a full
@@ -82,6 +86,8 @@ class RowsMixin(SamplingMixin):
             self._nstep.commit(plan)
             return slots
         prepared, k = self._storage.prepare(transition)
+        if self._reward_check is not None:
+            self._check_rewards(prepared)
         check_row_ids(env_ids, k)
         return self._write(prepared, k, self._given_priorities(priorities, k))
 
@@ -121,7 +127,9 @@ class RowsMixin(SamplingMixin):
         nstep = self._nstep
         if nstep is not None:
             self._refuse_priorities_with_windows(priorities)
+        frames.check_frame_shapes(transition)
         batch, k = coerce_batch(self._input_fields, transition, None)
+        self._check_rewards(batch)
         fplan = frames.plan(batch, k, env_ids)
         rows = fplan.batch
         p = None
@@ -143,7 +151,7 @@ class RowsMixin(SamplingMixin):
         keys = first_key + np.arange(m, dtype=np.int64)
         born = frames.reference(out[frames.name][:m], out[frames.next_name][:m], keys, w.key_base)
         gone = self._invalidate_keys(np.concatenate([lost, born]))
-        frames.invalidated += gone
+        frames.invalidated_total += gone
         return slots
 
     def _refile_frames(self, n: int) -> None:

@@ -15,11 +15,18 @@ from typing import Any
 import numpy as np
 
 from ._validation import as_1d as _as_1d
-from ._validation import as_index_array, as_value_array, check_int, check_real, to_numpy
+from ._validation import (
+    as_index_array,
+    as_value_array,
+    check_int,
+    check_real,
+    show,
+    to_numpy,
+)
 from .batch import SMALL_BATCH, SMALL_ROW, Gathered, MassSample, SampleBatch, check_batch_size
 from .buffer_core import locked
 from .buffer_state import StateMixin
-from .errors import EmptyBufferError
+from .errors import EmptyBufferError, InvalidIndexError
 from .frames import FrameStore
 from .samplers import NORM_CODES
 from .storage import PlacedByMass
@@ -28,7 +35,7 @@ __all__ = ["SamplingMixin"]
 
 
 class SamplingMixin(StateMixin):
-    """``sample`` / ``draw`` / ``gather`` / ``sample_mass`` of a CPU buffer (see the module)."""
+    """``get`` / ``sample`` / ``draw`` / ``gather`` / ``sample_mass`` of a CPU buffer (see the module)."""
 
     _frames: FrameStore | None
     _stratified: bool
@@ -68,6 +75,42 @@ class SamplingMixin(StateMixin):
         if nv and valid.any():
             prob[valid] = self._sampler.probabilities(idx[valid], nv, batch_size)
         return prob
+
+    # -- read ------------------------------------------------------------------
+    @locked
+    def get(self, indices: Any) -> dict[str, np.ndarray]:
+        """The rows stored in slots ``indices``, read without sampling. O(B) (B slots).
+
+        Returns the fields a :class:`SampleBatch` holds for the same slots
+        (``batch.data``: every stored field, ``discount`` with n-step returns,
+        frame stacks rebuilt for ``frame_stack`` buffers), each with a leading
+        dimension of ``len(indices)`` (a single index gives one row), as new
+        arrays. Slots are ring positions, as in ``batch.indices``; use
+        :meth:`keys` for the transition each holds. Draws nothing and changes
+        nothing: the random generator, the step and the priorities stay as
+        they were (a tiered storage may move chunks between its tiers, as any
+        read does).
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``, a slot never
+                written, or a slot made invalid (see :meth:`invalidate`;
+                a frame buffer's slot whose frames were overwritten).
+            TypeError, ValueError: indices that are not integers, or not 1-D.
+        """
+        idx = as_index_array("indices", indices, self._capacity, written=len(self))
+        if self._validity.n_invalid:
+            bad = idx[~self._validity.valid(idx)]
+            if bad.size:
+                why = (
+                    "their frames were overwritten in the frame ring"
+                    if self._frames is not None
+                    else "see invalidate()"
+                )
+                raise InvalidIndexError(
+                    f"`indices` must name valid slots, got invalid slots "
+                    f"{show(np.unique(bad)[:8])} ({why})"
+                )
+        return self._gather(idx)
 
     # -- sample ----------------------------------------------------------------
     @locked

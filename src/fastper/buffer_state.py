@@ -160,7 +160,7 @@ class StateMixin(BufferCore):
     ) -> None:
         """Sample with another prioritized scheme from now (or from ``at_step``) on.
 
-        The seed design's recipe: rank-based early (robust to the cold start),
+        A proposed recipe: rank-based early (robust to the cold start),
         proportional later. Data, priorities, keys and the ring stay; only the
         index over the priorities is rebuilt, once, O(N log N) at the switch.
         A pending switch survives checkpoints; a later call replaces it.

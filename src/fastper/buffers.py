@@ -13,7 +13,7 @@ keys, a sampler (:mod:`fastper.samplers`) the priorities and trees, and with
 n-step returns or vector envs an :class:`~fastper.nstep.NStepWriter` the
 pending window of every stream. This module only orchestrates them.
 
-Decisions (see the README for the reasoning):
+Decisions (see ``docs/concepts.md`` for the reasoning):
 
 * Priorities: ``p_i = min(|td_i|, clip) + eps``. New transitions get the
   priority of the ``max_priority`` policy: ``"ever"`` (default, the paper) the
@@ -114,6 +114,7 @@ class _Buffer(RowsMixin):
         frame_stack: Mapping[str, int] | None = None,
         frame_capacity: int | None = None,
         frame_pad: str = "zero",
+        allow_nonfinite_rewards: bool = False,
     ) -> None:
         if self.kind == "uniform" and alpha is not None:
             raise ValueError(
@@ -139,6 +140,7 @@ class _Buffer(RowsMixin):
             shuffle=shuffle, weight_norm=weight_norm, norms=tuple(NORM_CODES),
             alpha_every=alpha_every, priority_noise=priority_noise, n_step=n_step, gamma=gamma,
             n_envs=n_envs, autoreset=autoreset, nstep_keys=nstep_keys, seed=seed,
+            allow_nonfinite_rewards=allow_nonfinite_rewards,
         )  # fmt: skip
         self._clip_value = np.inf if self._clip is None else self._clip
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
@@ -478,6 +480,12 @@ class ReplayBuffer(_Buffer):
             priority of new transitions.
         storage: a :class:`~fastper.storage.ReplayStorage` or a factory
             ``(fields, capacity) -> storage``; default numpy columns in RAM.
+        allow_nonfinite_rewards: ``False`` (default): :meth:`add` refuses a
+            NaN or infinite value in the reward field (the one ``nstep_keys``
+            names, else ``reward`` / ``rewards`` / ``rew``, when it is a float
+            field) with a ValueError and stores nothing; ``True`` stores them
+            as given. Other fields are stored as given either way. O(1) for
+            one transition, O(B) for a batch.
     """
 
     kind = "uniform"
@@ -531,6 +539,8 @@ class PrioritizedReplayBuffer(_Buffer):
             states that episodes are never truncated.
         seed: seed of the buffer's random generator.
         storage: a :class:`~fastper.storage.ReplayStorage` or a factory.
+        allow_nonfinite_rewards: ``False`` (default) refuses NaN / inf
+            rewards on :meth:`add`; ``True`` stores them (see :class:`ReplayBuffer`).
     """
 
     kind = "proportional"
@@ -543,9 +553,11 @@ class RankBasedReplayBuffer(_Buffer):
 
     rank 1 is the largest priority; ties go to the smaller slot index.
 
+    ``capacity``, ``fields``, ``beta``, ``eps``, ``clip``, ``stratified``,
+    ``weight_norm``, ``n_step``, ``gamma``, ``seed`` and
+    ``allow_nonfinite_rewards`` are as for :class:`PrioritizedReplayBuffer`.
+
     Args:
-        capacity, fields, beta, eps, clip, stratified, weight_norm, n_step,
-            gamma, seed: as for :class:`PrioritizedReplayBuffer`.
         alpha: number or schedule (paper: 0.7, beta 0.5 annealed to 1).
         sort_every: ``None`` (default): exact ranks at every sample; every
             priority change re-ranks its slot at once, O(log N) amortised. An

@@ -169,7 +169,10 @@ def join_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dic
 def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
     """Write ``state`` (JSON values, arrays in its parts) to ``path`` atomically.
 
+    The folder of ``path`` is created (with its parents) if missing.
+
     Raises:
+        FileExistsError: a file stands where a folder of ``path`` must be.
         ValueError: a header larger than :func:`read_state` accepts, or values
             JSON cannot hold (NaN, inf).
     """
@@ -199,11 +202,8 @@ def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
             "that load() accepts (too many fields or schedule points)"
         )
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
+    make_parent(target)
     _remove_abandoned_temporaries(target)
-    if not target.parent.is_dir():  # say so, rather than name the temporary file
-        raise FileNotFoundError(
-            f"cannot save to {str(target)!r}: the directory {str(target.parent)!r} does not exist"
-        )
     fd, tmp = _create_locked_temporary(target)
     try:
         # the rename happens under the lock, so no cleaner can take the file first
@@ -235,6 +235,28 @@ def write_state(path: PathLike, state: Mapping[str, Any]) -> None:
             pass
         raise
     fsync_dir(target.parent or Path("."))  # make the rename itself durable
+
+
+def make_parent(target: Path) -> None:
+    """Create the folder ``target`` goes in (and its parents) if missing, durably.
+
+    Raises:
+        FileExistsError: a file stands where a folder of the path must be
+            (the message names it).
+    """
+    folder = target.parent if str(target.parent) else Path(".")
+    if folder.is_dir():
+        return
+    missing = [p for p in (folder, *folder.parents) if not p.is_dir()]
+    for p in missing:
+        if p.exists():  # a file (or something else) where a folder must be
+            raise FileExistsError(
+                f"cannot save to {str(target)!r}: {str(p)!r} is a file, not a folder; "
+                "save under another path or move that file"
+            )
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in reversed(missing):  # make each new entry durable in its parent
+        fsync_dir(p.parent if str(p.parent) else Path("."))
 
 
 def fsync_dir(path: PathLike) -> None:

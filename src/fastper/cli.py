@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
+from .errors import EXTRAS, MissingExtraError, install_hint, missing_extra
 
 
 class UsageError(Exception):
@@ -156,23 +158,69 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agents_missing(cmd: str, exc: ImportError) -> int:
-    print(f"fastper {cmd}: error: {exc} (pip install 'fastper[agents]')", file=sys.stderr)
-    return 2
+#: what each command imports beyond numpy and numba: (the extra, its modules)
+NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "train": ("agents", ("torch", "gymnasium", "tqdm")),
+    "plot": ("agents", ("matplotlib", "scipy")),
+    "compare": ("agents", ("scipy",)),
+}
+
+
+def check_extra(what: str, extra: str, modules: Sequence[str]) -> None:
+    """Import the modules of ``extra`` that ``what`` needs, before it runs anything
+    (it would import them anyway); one line saying what to install if one fails.
+
+    Raises:
+        MissingExtraError: one line naming ``what``, the modules missing (or the
+            first that fails to import, with its error) and the pip command that
+            installs the extra.
+    """
+    missing: list[str] = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] != module:
+                raise missing_extra(what, exc, extra, module) from exc  # one of its own deps
+            missing.append(module)
+        except ImportError as exc:  # installed, but broken
+            raise missing_extra(what, exc, extra, module) from exc
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise MissingExtraError(
+            f"{what} needs the {extra} extra ({', '.join(missing)} {verb} not installed): "
+            f"{install_hint(extra)}",
+            name=missing[0],
+            extra=extra,
+        )
+
+
+def _optional_import_error(exc: BaseException) -> ImportError | None:
+    """The error in ``exc``'s chain that names an optional dependency, if any: a
+    :class:`MissingExtraError`, or an ImportError of a module of :data:`EXTRAS`."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MissingExtraError):
+            return e
+        if isinstance(e, ImportError) and (e.name or "").split(".")[0] in EXTRAS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.env is not None and args.env.startswith("MinAtar/"):
+        check_extra(f"fastper train --env {args.env}", "minatar", ("minatar",))
     out = Path(args.out)
     existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UsageError(f"--out must be a directory, got {args.out!r} ({existing} is a file)")
-    try:
-        from .agents.resume import ResumeError
-        from .agents.runner import SettingsError, config_class, parse_overrides, train_many
+    from .agents.resume import ResumeError
+    from .agents.runner import SettingsError, config_class, parse_overrides, train_many
 
-        cls = config_class(args.algo)
-    except ImportError as exc:
-        return _agents_missing("train", exc)
+    cls = config_class(args.algo)
     try:
         overrides = parse_overrides(cls, args.set)
     except ValueError as exc:
@@ -227,12 +275,9 @@ def _load_groups(cmd: str, dirs: Sequence[str], include_unfinished: bool) -> Any
 
 
 def _image_formats() -> set[str]:
-    try:
-        from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # the agents extra: checked before the command runs
 
-        return set(Figure().canvas.get_supported_filetypes())
-    except ImportError as exc:
-        raise UsageError(f"plot needs matplotlib ({exc}): pip install matplotlib") from exc
+    return set(Figure().canvas.get_supported_filetypes())
 
 
 def _check_image(option: str, path: str, formats: set[str]) -> None:
@@ -252,10 +297,8 @@ def _plot(args: argparse.Namespace) -> int:
         profile = str(out.with_name(f"{out.stem}-profile{out.suffix}"))
     if profile is not None:
         _check_image("--profile", profile, formats)
-    try:
-        from .agents.analysis import choose_returns, plot, plot_profile
-    except ImportError as exc:
-        return _agents_missing("plot", exc)
+    from .agents.analysis import choose_returns, plot, plot_profile
+
     groups = _load_groups("plot", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
@@ -263,28 +306,23 @@ def _plot(args: argparse.Namespace) -> int:
         used = choose_returns([r for g in groups for r in g.runs], args.returns)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    try:
-        out = plot(groups, args.output, args.window, args.title, used.kind)
-        print(f"wrote {out}; {used.note}")
-        if profile is not None:
-            print(f"wrote {plot_profile(groups, profile, used.kind)} (performance profile)")
-    except ImportError as exc:
-        return _agents_missing("plot", exc)
+    out = plot(groups, args.output, args.window, args.title, used.kind)
+    print(f"wrote {out}; {used.note}")
+    if profile is not None:
+        print(
+            f"wrote {plot_profile(groups, profile, used.kind, title=args.title)} (performance profile)"
+        )
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    try:
-        from .agents.analysis import compare_table
-    except ImportError as exc:
-        return _agents_missing("compare", exc)
+    from .agents.analysis import compare_table
+
     groups = _load_groups("compare", args.dirs, args.include_unfinished)
     if groups is None:
         return 1
     try:
         table = compare_table(groups, args.threshold, args.window, args.returns)
-    except ImportError as exc:
-        return _agents_missing("compare", exc)
     except ValueError as exc:  # --returns eval without evaluations
         raise UsageError(str(exc)) from exc
     print(table)
@@ -297,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fast, exact prioritized experience replay. Subcommands: bench (time the "
         "buffers), inspect (read a checkpoint's header), train (reference agents), plot and "
         "compare (their runs). `fastper SUBCOMMAND --help` says what each does and writes. "
-        "A mistake on the command line exits with status 2 and one line saying what to change.",
+        "A mistake on the command line exits with status 2 and one line saying what to change; "
+        "so does a command whose extra is not installed (train, plot and compare need "
+        '`pip install "fastper[agents]"`), with one line naming the extra.',
     )
     parser.add_argument("--version", action="version", version=f"fastper {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
@@ -444,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
         "plot",
         help="learning curves across seeds, one colour per scheme; a performance profile too",
         description="Read the runs found under DIRS and draw one learning curve per replay "
-        "scheme, n (seeds) in its legend: the mean across seeds, over each seed's own curve "
-        "when there are fewer than 5 seeds, or over a 95% bootstrap band from 5 on; the "
+        "scheme, n (seeds) in its legend: the mean across seeds with its 95% bootstrap band "
+        "(the interval compare uses), and each seed's own curve when there are fewer than 5 "
+        "seeds; the "
         "y-axis follows the curves drawn. Curves are evaluation returns when every run has "
         "evaluations.csv, else training returns smoothed over --window episodes (--returns "
         "picks; the output says which). It writes the image to -o/--output (default "
@@ -479,10 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="table per scheme: n, final return (mean, IQM), AUC, steps to threshold, with CIs",
         description="Read the runs found under DIRS and print to stdout a markdown table, "
-        "one row per replay scheme: n (seeds), final return as mean with a 95% t-interval "
-        "and as interquartile mean (IQM) with a 95% stratified bootstrap interval (rliable "
-        "when installed, pip install 'fastper[stats]', else the same with scipy), area under "
-        "the learning curve, and steps until the curve reaches --threshold; notes below say "
+        "one row per replay scheme: n (seeds), final return as mean and as interquartile mean "
+        "(IQM) and area under the learning curve, each with a 95% percentile bootstrap "
+        "interval over seeds (fixed seed; the IQM's from rliable when installed, "
+        'pip install "fastper[stats]", else scipy), and steps until the curve reaches '
+        "--threshold; notes below say "
         "which returns and which library were used, and flag intervals from fewer than 5 "
         "seeds. Writes nothing; exits 1 if no finished run is found.",
     )
@@ -533,12 +575,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if peer_args is not None:
         args.peer_args = peer_args
     try:
+        need = NEEDS.get(args.command)
+        if need is not None:
+            check_extra(f"fastper {args.command}", *need)
         status = int(args.func(args))
         sys.stdout.flush()  # a reader gone away shows here, not at exit
         return status
     except UsageError as exc:
         message = " ".join(str(exc).split())
         print(f"fastper {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional module, found but failing, or one deeper down
+        found = _optional_import_error(exc)
+        if found is None:
+            raise  # not an optional dependency: a fault worth its traceback
+        message = str(found if isinstance(found, MissingExtraError)
+                      else missing_extra(f"fastper {args.command}", found))  # fmt: skip
+        print(" ".join(message.split()), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`fastper compare DIR | head`): stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -45,8 +45,9 @@ the oldest frame its stacks need (a list per frame, newest first); when the
 ring overwrites a frame, :meth:`FrameStore.commit` returns the keys filed
 under it. With the default ``frame_capacity = capacity + capacity // 100 +
 64`` this only happens when episodes average fewer than ~100 steps or
-streams idle for a long time; :attr:`FrameStore.invalidated` counts the
-casualties.
+streams idle for a long time; :attr:`FrameStore.invalidated_total` counts the
+casualties since the store was created (a running total, carried over by
+checkpoints; never decreased when the invalid transitions leave the ring).
 
 Costs. Per stored frame ``frame bytes + 16`` (prev link and list head); per
 transition two int64 ids and 16 bytes of list links; per stream 17 bytes. An add of
@@ -152,7 +153,7 @@ class FrameStore:
         self.head_ref = np.full(self.capacity, -1, dtype=np.int64)
         self.next_ref = np.full(self.transitions, -1, dtype=np.int64)
         self.added = 0  # frames ever written = the next frame's id
-        self.invalidated = 0  # transitions made invalid by overwritten frames, ever
+        self.invalidated_total = 0  # see the property `invalidated`
         self._ids = np.empty(0, dtype=np.int64)  # stream ids, by stream row
         self._last = np.empty(0, dtype=np.int64)
         self._pend = np.empty(0, dtype=np.bool_)
@@ -160,6 +161,21 @@ class FrameStore:
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- introspection -----------------------------------------------------------------
+    @property
+    def invalidated(self) -> int:
+        """Same as :attr:`invalidated_total` (the older name).
+
+        :attr:`invalidated_total`: transitions made invalid by an overwritten
+        frame since the store was created, a running total carried over by
+        checkpoints. It counts events, not the transitions invalid now: it
+        never goes down when those transitions leave the ring.
+        """
+        return self.invalidated_total
+
+    @invalidated.setter
+    def invalidated(self, value: int) -> None:
+        self.invalidated_total = value
+
     @property
     def frame_bytes(self) -> int:
         """Bytes of one frame."""
@@ -197,6 +213,39 @@ class FrameStore:
         return lookup_rows(self._sorted, self._ids.shape[0], ids)
 
     # -- the two-phase add -------------------------------------------------------------
+    def check_frame_shapes(self, transition: Mapping[str, Any]) -> None:
+        """Refuse, with the reason, a frame field given a shape other than one frame's. O(1).
+
+        With ``frame_stack`` the two frame fields hold ONE frame per row (the
+        store stacks at sample time), so a stacked observation is the usual
+        mistake; the generic shape message does not say so. Fields missing
+        or of a frame's shape (or a batch of them) pass: the batch check
+        reports the rest.
+
+        Raises:
+            ValueError: a frame field whose shape is neither the frame's nor
+                ``(B, *frame)``, or ``(B, *frame)`` in an add of one row (a
+                scalar episode-end flag).
+        """
+        if not isinstance(transition, Mapping):
+            return  # not a row dict: the batch check says so
+        shape = tuple(self.field.shape)
+        # a scalar episode-end flag makes the add one row: then a leading axis is a stack
+        one_row = any(k in transition and np.ndim(transition[k]) == 0 for k in self.done_keys)
+        for name in (self.name, self.next_name):
+            if name not in transition:
+                continue
+            got = tuple(np.shape(transition[name]))
+            if got == shape or (got[1:] == shape and not one_row):
+                continue
+            batch = "(B, " + ", ".join(str(d) for d in shape) + ")" if shape else "(B,)"
+            raise ValueError(
+                f"field `{name}` must have shape {shape} (one frame) or {batch} (a batch of "
+                f"rows), got shape {got}: with frame_stack={{{self.name!r}: {self.stack}}} "
+                f"each row holds only the newest frame, and the buffer stacks the last "
+                f"{self.stack} frames of the episode when it samples"
+            )
+
     def plan(self, batch: Mapping[str, np.ndarray], k: int, env_ids: Any) -> FramePlan:
         """Check and compute what an add writes; changes nothing. O(k).
 
@@ -382,7 +431,7 @@ class FrameStore:
         return {
             "format": STATE_FORMAT,
             "added": self.added,
-            "invalidated": self.invalidated,
+            "invalidated": self.invalidated_total,
             "frames": self.frames[:n],
             "prev": self.prev[:n],
             "stream_ids": self._ids,
@@ -446,7 +495,7 @@ class FrameStore:
         self.frames[self.capacity] = 0
         self.prev[:n] = prev
         self.reset_refs()
-        self.added, self.invalidated = added, invalidated
+        self.added, self.invalidated_total = added, invalidated
         self._ids, self._last, self._pend = ids.copy(), last.copy(), pend.copy()
         self._sorted = None
 
@@ -485,9 +534,11 @@ def frame_store_for(
                 f"{list(fields)}"
             )
     if fields[name] != fields[next_name]:
+        a, b = fields[name], fields[next_name]
         raise ValueError(
-            f"fields {name!r} and {next_name!r} must have the same shape and dtype, got "
-            f"{fields[name]} and {fields[next_name]}"
+            f"field {next_name!r} must have the shape and dtype of field {name!r}, "
+            f"{a.shape} {a.dtype} (the next observation is the episode's next frame, stored in "
+            f"the same frame ring), got {b.shape} {b.dtype}"
         )
     done: list[str] = []
     for role, names in (("terminated", TERMINATED_KEYS), ("truncated", TRUNCATED_KEYS)):

@@ -360,7 +360,7 @@ class RateLimitedBuffer:
                 samples_per_insert`` exceeds its range; split the batch).
             RateLimitTimeout: still blocked after ``timeout`` seconds.
             RateLimiterCancelled: :meth:`cancel` was called.
-            Whatever ``buffer.add`` raises (then nothing is counted).
+            Exception: whatever ``buffer.add`` raises (then nothing is counted).
         """
         with self._cond:
             buffer, lim = self._buffer, self._limiter
@@ -393,7 +393,8 @@ class RateLimitedBuffer:
                 limiter's range too narrow to ever admit a batch of that
                 size (widen ``error_buffer``).
             RateLimitTimeout, RateLimiterCancelled: as for :meth:`add`.
-            Whatever the buffer's sampling raises (then nothing is counted).
+            Exception: whatever the buffer's sampling raises (then nothing is
+                counted).
         """
         b = check_batch_size(batch_size, self._row_nbytes)
         with self._cond:

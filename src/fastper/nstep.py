@@ -155,6 +155,10 @@ class NStepWriter:
         autoreset: ``None`` (every row is a transition) or ``"next_step"``
             (drop the row after an episode end, per stream).
         discount_field: add the ``discount`` field; must be True when n > 1.
+        key_names: how messages spell each key argument, by role (``"reward"``,
+            ``"next_obs"``, ``"terminated"``, ``"truncated"``): a buffer passes
+            ``"nstep_keys['reward']"`` and the like, as its user wrote them;
+            ``None`` (default): this writer's own ``reward_key`` etc.
 
     Raises:
         ValueError: a needed field is missing or not found, ``discount`` is
@@ -179,7 +183,9 @@ class NStepWriter:
         n_envs: int | None = None,
         autoreset: str | None = None,
         discount_field: bool = True,
+        key_names: Mapping[str, str] | None = None,
     ) -> None:
+        self._key_names = None if key_names is None else dict(key_names)
         self.n = check_int("n_step", n, minimum=1)
         self.gamma = check_real("gamma", gamma, minimum=0.0, maximum=1.0)
         self.fields = dict(fields)
@@ -245,23 +251,33 @@ class NStepWriter:
         self._reset_streams(4, min(self.n - 1, _RING0))
 
     # -- construction helpers -------------------------------------------------
+    def _arg(self, role: str) -> str:
+        """How the key argument of ``role`` is spelt in messages (as its user wrote it)."""
+        names = self._key_names
+        if names is None:
+            return f"{role}_key"
+        return names.get(role, f"nstep_keys[{role!r}]")
+
     def _resolve_keys(self, reward: Any, next_obs: Any, term: Any, trunc: Any) -> None:
         fields = self.fields
         for arg, key in zip(("reward", "next_obs", "terminated", "truncated"),
                             (reward, next_obs, term, trunc), strict=True):  # fmt: skip
             if key is not None and key is not FIND and not isinstance(key, str):
-                raise TypeError(f"`{arg}_key` must be a field name or None, got {show(key)}")
+                raise TypeError(f"`{self._arg(arg)}` must be a field name or None, got {show(key)}")
             if isinstance(key, str) and key not in fields:
-                raise ValueError(f"n-step field `{key}` is not among the fields {list(fields)}")
+                raise ValueError(
+                    f"`{self._arg(arg)}` must name one of the fields {list(fields)}, got {key!r}"
+                )
         self.reward_key: str | None = reward or _find(fields, REWARD_KEYS)
         self.next_obs_key: str | None = next_obs or _find(fields, NEXT_OBS_KEYS)
         if self.n > 1:
             for role, key, names in (("reward", self.reward_key, REWARD_KEYS),
-                                     ("next observation", self.next_obs_key, NEXT_OBS_KEYS)):  # fmt: skip
+                                     ("next_obs", self.next_obs_key, NEXT_OBS_KEYS)):  # fmt: skip
                 if key is None:
+                    what = "reward" if role == "reward" else "next observation"
                     raise ValueError(
-                        f"n-step returns need a {role} field (one of {list(names)} or named "
-                        f"explicitly), got fields {list(fields)}"
+                        f"n-step returns need a {what} field (one of {list(names)}, or named "
+                        f"with {self._spell(role, '<field>')}), got fields {list(fields)}"
                     )
             rdtype = fields[str(self.reward_key)].dtype
             if rdtype.kind != "f":
@@ -282,11 +298,20 @@ class NStepWriter:
         keys = (self.reward_key, self.next_obs_key, self.terminated_key, self.truncated_key)
         used = [k for k in keys if k is not None]
         if len(set(used)) != len(used):
+            roles = ("reward", "next_obs", "terminated", "truncated")
+            got = ", ".join(f"{self._arg(r)}={k!r}" for r, k in zip(roles, keys, strict=True))
             raise ValueError(
                 "the reward, next observation, termination and truncation fields must differ, "
-                f"got reward_key={keys[0]!r}, next_obs_key={keys[1]!r}, "
-                f"terminated_key={keys[2]!r}, truncated_key={keys[3]!r}"
+                f"got {got}"
             )
+
+    def _spell(self, role: str, value: str | None) -> str:
+        """The argument that sets ``role`` to ``value``, as its user would write it."""
+        shown = "None" if value is None else repr(value)
+        if self._key_names is None:
+            return f"{role}_key={shown}"
+        key = self._arg(role)[len("nstep_keys[") : -1]  # 'reward' or 'reward_key', quoted
+        return f"nstep_keys={{{key}: {shown}}}"
 
     def _end_key(
         self, given: Any, names: tuple[str, ...], role: str, never: str, why: str | None
@@ -298,9 +323,8 @@ class NStepWriter:
             what = role[:-2] + "ion"  # termination, truncation
             raise ValueError(
                 f"{why} must know where episodes end, but no {what} field is among "
-                f"{list(names)} in fields {list(self.fields)}: name it with {role}_key='<field>' "
-                f"(a buffer: nstep_keys={{'{role}_key': '<field>'}}), or pass {role}_key=None "
-                f"(a buffer: nstep_keys={{'{role}_key': None}}) if {never}"
+                f"{list(names)} in fields {list(self.fields)}: name it with "
+                f"{self._spell(role, '<field>')}, or pass {self._spell(role, None)} if {never}"
             )
         return found
 

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ._validation import show
-from .errors import FastPERError
+from .errors import FastPERError, install_hint, missing_extra
 
 __all__ = ["BlockLayout", "Codec", "OpenFiles", "TierDataError", "available_codecs", "make_codec"]
 
@@ -189,7 +189,8 @@ def make_codec(name: str) -> Codec:
     Raises:
         ValueError: an unknown name; for lz4 (and ``"auto"``), the environment
             variable ``FASTPER_LZ4_KERNELS`` set to something but 0 or 1.
-        ImportError: the codec's package is not installed (with the install hint).
+        MissingExtraError: the codec's package is not installed (one line with
+            the install hint).
     """
     if name == "auto":
         for candidate in AUTO_ORDER:
@@ -199,7 +200,7 @@ def make_codec(name: str) -> Codec:
                 continue
         warnings.warn(
             "fastper.tiers: no lz4 / zstandard / blosc2 installed, using zlib (slower); "
-            "pip install 'fastper[tiers]'",
+            f"{install_hint('tiers')}",
             stacklevel=3,
         )
         return _zlib()
@@ -208,10 +209,7 @@ def make_codec(name: str) -> Codec:
     try:
         return _MAKERS[name]()
     except ImportError as exc:
-        raise ImportError(
-            f"codec {name!r} needs a package that is not installed ({exc}); "
-            "pip install 'fastper[tiers]'"
-        ) from None
+        raise missing_extra(f"fastper.tiers' codec {name!r}", exc, "tiers") from None
 
 
 def available_codecs() -> list[str]:

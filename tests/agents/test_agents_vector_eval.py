@@ -273,7 +273,7 @@ def test_missing_minatar_says_how_to_install(tmp_path, monkeypatch, capsys) -> N
     assert main(["train", "dqn", "--env", "MinAtar/Breakout-v1", "--out", str(out),
                  "--quiet"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "pip install 'fastper[minatar]'" in err
+    assert len(err.splitlines()) == 1 and 'pip install "fastper[minatar]"' in err
     assert not out.exists()
 
 

@@ -95,17 +95,67 @@ def test_iqm_of_known_arrays() -> None:
     )
 
 
-def test_t_interval_matches_the_textbook_formula() -> None:
-    x = np.array([1.0, 2.0, 3.0, 4.0])
-    e = stats.t_interval(x)
-    half = 3.182446305284263 * x.std(ddof=1) / 2  # t(0.975, df=3) * s / sqrt(4)
-    assert (e.value, e.low, e.high) == pytest.approx((2.5, 2.5 - half, 2.5 + half))
-    # n = 2: 12.7 standard errors either side
-    e2 = stats.t_interval([100.0, 300.0])
-    assert e2.high - e2.value == pytest.approx(12.706204736 * 100.0)
-    assert math.isnan(stats.t_interval([5.0]).low) and stats.t_interval([5.0]).value == 5.0
-    assert stats.t_interval([7.0, 7.0, 7.0]) == stats.Estimate(7.0, 7.0, 7.0)
-    assert stats.t_interval([1.0, math.inf, 3.0]).value == 2.0  # non-finite values left out
+def test_mean_ci_covers_the_true_mean_at_about_the_nominal_rate() -> None:
+    # returns in [0, 500] (500 x Beta(2, 5), mean 500 * 2/7), 30 seeds, 1,000 data sets. A
+    # percentile interval has the plug-in width sd * sqrt((n-1)/n) / sqrt(n) x z, so under
+    # normality it covers with P(|t_{n-1}| < 1.96 sqrt((n-1)/n)) = 0.938 at n = 30, a little
+    # under 95%; the count of covers is tested against that rate (two-sided binomial test)
+    from scipy.stats import binomtest, t
+
+    n, trials, true = 30, 1000, 500 * 2 / 7
+    expected = 2 * t.cdf(1.959964 * math.sqrt((n - 1) / n), n - 1) - 1
+    rng = np.random.default_rng(2026)
+    covered = 0
+    for k in range(trials):
+        x = 500 * rng.beta(2.0, 5.0, n)
+        e = stats.mean_ci(x, reps=1000, seed=k)
+        covered += e.low <= true <= e.high
+    assert 0.93 < expected < 0.95
+    assert binomtest(covered, trials, expected).pvalue > 1e-3, (covered, expected)
+    # a 90% interval passed off as 95% would fail this test: its rate is far below
+    assert binomtest(int(0.90 * trials), trials, expected).pvalue < 1e-3
+
+
+def test_mean_ci_stays_within_the_data_and_is_reproducible() -> None:
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 5, 10):
+        for k in range(50):
+            # bounded returns, often at the bound (CartPole: 500, or a collapse near 0)
+            x = np.where(rng.random(n) < 0.7, 500.0, rng.uniform(0, 500, n))
+            e = stats.mean_ci(x, seed=k)
+            assert x.min() <= e.low <= e.value <= e.high <= x.max()
+    # the case a 2-seed t-interval blew past [0, 500]: [-2,351, 2,935]
+    e = stats.mean_ci([20.0, 500.0])
+    assert 20.0 <= e.low < e.high <= 500.0 and e.value == 260.0
+    assert stats.mean_ci([7.0, 7.0, 7.0]) == stats.Estimate(7.0, 7.0, 7.0)
+    x = rng.normal(size=8)
+    assert stats.mean_ci(x, seed=3) == stats.mean_ci(x, seed=3)  # fixed seed: same interval
+    assert stats.mean_ci(x, seed=3) != stats.mean_ci(x, seed=4)
+    state = np.random.get_state()[1].copy()  # noqa: NPY002
+    stats.mean_ci(x)
+    np.testing.assert_array_equal(np.random.get_state()[1], state)  # noqa: NPY002
+    one = stats.mean_ci([5.0])
+    assert one.value == 5.0 and math.isnan(one.low) and math.isnan(one.high)
+    assert stats.mean_ci([1.0, math.inf, 3.0, math.nan]).value == 2.0  # non-finite left out
+    assert math.isnan(stats.mean_ci([]).value)
+    with pytest.raises(ValueError, match="`reps` must be an integer >= 100"):
+        stats.mean_ci(x, reps=10)
+
+
+def test_mean_band_is_mean_ci_at_every_step() -> None:
+    rng = np.random.default_rng(11)
+    curves = rng.uniform(0, 500, (6, 40))
+    curves[2, :5] = np.nan  # a seed without a value yet: no band there
+    mean, lo, hi = stats.mean_band(curves, reps=500, seed=9)
+    assert np.isnan(lo[:5]).all() and np.isnan(hi[:5]).all()
+    np.testing.assert_allclose(mean[:5], np.nanmean(curves[:, :5], axis=0))
+    for j in (5, 17, 39):
+        e = stats.mean_ci(curves[:, j], reps=500, seed=9)
+        assert (mean[j], lo[j], hi[j]) == pytest.approx((e.value, e.low, e.high), rel=1e-12)
+    _, lo1, hi1 = stats.mean_band(curves[:1])  # one seed: no band
+    assert np.isnan(lo1).all() and np.isnan(hi1).all()
+    with pytest.raises(ValueError, match=r"`curves` must be a \(runs, points\) array"):
+        stats.mean_band(np.zeros(3))
 
 
 def test_iqm_bootstrap_interval_covers_the_true_iqm() -> None:
@@ -179,10 +229,14 @@ def test_compare_uses_evaluations_and_says_so(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if "|" in line}
     # final return = the evaluation at step 950 (in the last 10%): 300 + seed, 400 + seed
-    assert "| uniform | 2 | 300.5 [" in rows["uniform"] and "(n=2: wide)" in rows["uniform"]
-    assert "| per | 2 | 400.5 [" in rows["per"]
+    assert "| uniform | 2 | 300.5 [300, 301] (n=2: few)" in rows["uniform"]
+    assert "| per | 2 | 400.5 [400, 401] (n=2: few)" in rows["per"]
     assert "returns: greedy evaluations from evaluations.csv" in out
-    assert "n=K: wide" in out and "stratified per task" in out
+    assert (
+        "n=K: few" in out
+        and "resampled per task" in out
+        and "- 2 seeds per scheme (column n)" in out
+    )
     # every evaluation reaches 150: at the first one (step 500)
     assert "| 2/2 | 500 [500, 500] |" in rows["uniform"]
     assert main(["compare", str(tmp_path), "--returns", "train"]) == 0
@@ -199,12 +253,12 @@ def test_compare_numbers_match_the_statistics(tmp_path) -> None:
     assert [s.label for s in c.rows] == ["uniform", "per"] and c.returns.kind == "eval"
     finals = np.array([300.0 + s for s in range(6)])
     assert c.rows[0].finals == tuple(finals)
-    assert c.rows[0].final == stats.t_interval(finals)
+    assert c.rows[0].final == stats.mean_ci(finals)
     assert c.rows[0].final_iqm == stats.iqm_ci(finals, SCIPY)
     assert c.rows[0].final_iqm.value == pytest.approx(302.5)  # the middle of 300..305
     assert c.threshold == 475.0 and c.rows[0].reached == 0
     table = analysis.compare_table(groups, None, 5, backend="scipy")
-    assert "wide" not in table  # 6 seeds: no flag
+    assert "few" not in table and "| n (seeds) |" in table  # 6 seeds: no flag
 
 
 def test_compare_falls_back_to_training_returns(tmp_path, capsys) -> None:
@@ -285,15 +339,18 @@ def test_plot_of_two_seeds_shows_the_seeds_and_stays_in_the_data_range(tmp_path)
     fig, used = analysis.curves_figure(groups, window=5)
     ax = fig.axes[0]
     assert used.kind == "train" and ax.get_ylabel() == "training episode return"
+    assert ax.get_xlabel() == "environment steps"
     curves = [ln.get_ydata() for ln in ax.lines]
     lo = min(np.nanmin(c) for c in curves)
     hi = max(np.nanmax(c) for c in curves)
     assert 0 <= lo and hi <= 500
     y0, y1 = ax.get_ylim()
     assert lo - 0.051 * (hi - lo) <= y0 <= lo and hi <= y1 <= hi + 0.051 * (hi - lo)
-    assert len(ax.lines) == 3 and not ax.collections  # two seeds and their mean, no band
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["per (n=2)"]
-    assert "thin: each seed" in ax.get_title()
+    assert len(ax.lines) == 3 and len(ax.collections) == 1  # mean, two seeds, the band
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert lo <= band.min() and band.max() <= hi
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["proportional (per), n=2"]
+    assert "thin lines: each seed" in ax.get_title() and "95% bootstrap CI" in ax.get_title()
 
 
 def test_plot_of_many_seeds_draws_a_band_within_the_seeds(tmp_path) -> None:
@@ -304,7 +361,11 @@ def test_plot_of_many_seeds_draws_a_band_within_the_seeds(tmp_path) -> None:
     ax = fig.axes[0]
     assert used.kind == "eval" and ax.get_ylabel().startswith("evaluation return")
     assert len(ax.lines) == 2 and len(ax.collections) == 2  # mean + band per scheme
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["uniform (n=6)", "per (n=6)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "uniform, n=6",
+        "proportional (per), n=6",
+    ]
+    assert ax.get_title().startswith("Double DQN on CartPole-v1\ngreedy evaluations")
     y0, y1 = ax.get_ylim()
     assert 290 <= y0 and y1 <= 415  # evaluations 300..305 and 400..405, 5% margin
     band = ax.collections[0].get_paths()[0].vertices[:, 1]

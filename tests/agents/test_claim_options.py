@@ -1,4 +1,4 @@
-"""The agents' options for the seed design's claims (issue 15): each does what it says.
+"""The agents' options for the proposed PER variants: each does what it says.
 
 Config fields ``beta_schedule``, ``weight_norm``, ``alpha_end``, ``switch_at``,
 ``priority_noise_late``, ``grad_clip_is`` and ``new_priority`` (see

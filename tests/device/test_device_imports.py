@@ -31,4 +31,6 @@ def test_missing_torch_gives_an_install_hint() -> None:
         "    print(exc)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "pip install 'fastper[torch]'" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("fastper.device needs the torch extra ("), proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith('pip install "fastper[torch]" (in a clone: pip install -e ".[torch]")'), proc.stdout
+    assert proc.stdout.count("\n") == 1  # one line

@@ -38,7 +38,10 @@ def test_a_missing_ray_names_the_extra_to_install(monkeypatch) -> None:
     from fastper.distributed import ray_backend, ray_limiter
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
-    hint = r"pip install 'fastper\[ray\]'"
+    hint = (
+        r"^fastper's Ray back end needs the ray extra \(ray is not installed\): pip install "
+        r"\"fastper\[ray\]\" \(in a clone: pip install -e \"\.\[ray\]\"\)$"
+    )
     with pytest.raises(ImportError, match=hint):
         require_ray()
     with pytest.raises(ImportError, match=hint):

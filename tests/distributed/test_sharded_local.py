@@ -247,8 +247,13 @@ def test_bad_checkpoint_directories_are_named(tmp_path) -> None:
     (tmp_path / "shard-1.fpk").unlink()
     with pytest.raises(CheckpointError, match="missing shard files"):
         ShardedReplayBuffer.read_manifest(tmp_path)
-    with pytest.raises(FileNotFoundError, match="existing directory"):
-        s.save(tmp_path / "nope")
+    # a missing folder is created, parents too; a file where the folder goes is named
+    manifest = s.save(tmp_path / "new" / "ckpt")
+    assert manifest == tmp_path / "new" / "ckpt" / "manifest.json" and manifest.is_file()
+    assert ShardedReplayBuffer.read_manifest(tmp_path / "new" / "ckpt")["kind"] == "fastper.sharded"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(FileExistsError, match="a-file.*which is a file"):
+        s.save(tmp_path / "a-file")
 
 
 def test_rank_based_shards_are_refused_and_mixed_shards_too() -> None:

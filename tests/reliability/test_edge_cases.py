@@ -318,7 +318,7 @@ def test_nan_and_inf_observations_are_stored_as_given(tmp_path):
     reward = np.array([np.nan, -np.inf])
     for cls in (fastper.ReplayBuffer, fastper.PrioritizedReplayBuffer,
                 fastper.RankBasedReplayBuffer):  # fmt: skip
-        buf = cls(4, fields, seed=0)
+        buf = cls(4, fields, seed=0, allow_nonfinite_rewards=True)
         buf.add({"obs": obs, "reward": reward})
         buf.add({"obs": obs.astype(np.float64)[0], "reward": np.float32(np.nan)})  # cast: NaN
         buf.save(tmp_path / "nan.fpk")

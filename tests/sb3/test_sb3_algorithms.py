@@ -103,7 +103,8 @@ def test_dqn_step_follows_the_is_weighted_huber_gradient() -> None:
     c0 = layer.bias.detach().numpy().astype(np.float64).copy()
     s, s2 = b["obs"].astype(np.float64), b["next_obs"].astype(np.float64)
     a = b["action"].ravel()
-    r, term = b["reward"].astype(np.float64), b["terminated"].astype(np.float64)
+    r = b["reward"].astype(np.float64)
+    term = (b["done"] * (1 - b["timeout"])).astype(np.float64)  # SB3's columns
     rows = np.arange(batch_size)
     q = (s @ w0.T + c0)[rows, a]
     y = r + (1 - term) * gamma * (s2 @ w0.T + c0).max(axis=1)  # the target net equals the net
@@ -181,7 +182,7 @@ def batch_tensors(b) -> tuple[th.Tensor, ...]:
         t(b["action"]),
         t(b["next_obs"]),
         t(b["reward"]).reshape(-1, 1),
-        t(b["terminated"].astype(np.float32)).reshape(-1, 1),
+        t(b["done"] * (1 - b["timeout"])).reshape(-1, 1),
         t(b.weights.astype(np.float32)).reshape(-1, 1),
     )
 

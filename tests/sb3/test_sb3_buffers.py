@@ -208,8 +208,10 @@ def test_time_limit_truncation_is_not_done_as_in_sb3() -> None:
     r = ref.sample(64)  # SB3 masks the same way
     assert float(r.dones.sum()) == pytest.approx(64 - float((1 - r.dones).sum()))
     data = ours.fastper_buffer.storage.gather(np.array([0, 1]))
-    np.testing.assert_array_equal(data["terminated"], [False, True])
-    np.testing.assert_array_equal(data["truncated"], [True, False])
+    np.testing.assert_array_equal(data["done"], [1.0, 1.0])  # SB3's columns, as SB3 fills them
+    np.testing.assert_array_equal(data["timeout"], [1.0, 0.0])
+    np.testing.assert_array_equal(ours.dones[0], ref.dones[0])
+    np.testing.assert_array_equal(ours.timeouts[0], ref.timeouts[0])
 
 
 def test_without_timeout_handling_every_done_terminates() -> None:
@@ -312,19 +314,36 @@ def test_update_priorities_writes_td_plus_eps_to_the_power_alpha_into_the_tree()
     )
 
 
-def test_weights_are_the_is_weights_normalised_over_the_buffer() -> None:
+def test_weights_are_the_is_weights_normalised_over_the_batch_by_default() -> None:
     buf = filled(alpha=0.6, beta=0.5)
+    assert buf.fastper_buffer.weight_norm == "batch"
     n = len(buf.fastper_buffer)
     buf.update_priorities(np.arange(n), np.linspace(0.1, 5.0, n))
     s = buf.sample(64)
     p = buf.fastper_buffer.probabilities(np.arange(n))
-    expected = (p[s.indices] / p.min()) ** -0.5
+    expected = (p[s.indices] / p[s.indices].min()) ** -0.5
     np.testing.assert_allclose(s.weights.numpy().ravel(), expected, rtol=1e-6)
+    assert s.weights.max() == 1.0
     buf.beta = 1.0  # what the PER algorithms set while annealing
     s = buf.sample(64)
-    np.testing.assert_allclose(s.weights.numpy().ravel(), p.min() / p[s.indices], rtol=1e-6)
+    np.testing.assert_allclose(
+        s.weights.numpy().ravel(), p[s.indices].min() / p[s.indices], rtol=1e-6
+    )
     buf.beta = None
     assert buf.beta == 0.5 and buf.beta_start == 0.5
+
+
+def test_weights_normalised_over_the_buffer_on_request() -> None:
+    buf = filled(alpha=0.6, beta=0.5, weight_norm="buffer")
+    n = len(buf.fastper_buffer)
+    buf.update_priorities(np.arange(n), np.linspace(0.1, 5.0, n))
+    s = buf.sample(64)
+    p = buf.fastper_buffer.probabilities(np.arange(n))
+    np.testing.assert_allclose(
+        s.weights.numpy().ravel(), (p[s.indices] / p.min()) ** -0.5, rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="weight_norm"):
+        filled(weight_norm="max")
 
 
 def test_stale_keys_drop_the_update() -> None:

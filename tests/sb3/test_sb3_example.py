@@ -23,7 +23,7 @@ def test_perdqn_learns_cartpole() -> None:
     print(
         f"learn {learn_seconds:.1f} s, total {time.perf_counter() - start:.1f} s, mean {mean_return}"
     )
-    # seed 0 reached 312.6 here; seeds 0-4 gave 312.6, 241.6, 350.8, 133.3, 170.9
+    # `python examples/sb3_per.py` (8,000 steps, seed 0) printed a greedy mean return of 257.6
     assert mean_return >= 150  # random play: about 22
     buf = model.replay_buffer
     assert buf.n_steps == 3 and buf.beta > 0.99  # annealed to 1 by the end

@@ -222,8 +222,11 @@ def test_stacks_match_reference_env_ids(
     assert total_frames > fcap  # so did the frame ring
     check_buffer(buf, by_id, k, n, pad, total_frames, fcap)
     if frame_cap is not None:
-        assert buf.frame_store.invalidated > 0
-        assert buf.num_valid < len(buf)
+        store = buf.frame_store
+        assert store.invalidated_total > 0
+        assert store.invalidated == store.invalidated_total  # the older name
+        # a running total: at least as many as are invalid now (some have left the ring)
+        assert store.invalidated_total >= len(buf) - buf.num_valid > 0
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -451,3 +454,40 @@ def test_a_full_disk_leaves_frames_and_windows_unchanged(
     for r in rows[i:]:  # the same row again, and the rest: the stream goes on
         buf.add(to_batch([r]), env_ids=0)
     check_buffer(buf, by_id, 3, n, "zero", fs.added, fs.capacity, draws=5)
+
+
+def test_frame_shape_errors_say_what_is_expected_and_why() -> None:
+    buf = PrioritizedReplayBuffer(10, FIELDS, frame_stack={"obs": 4})
+    store = buf.frame_store
+    one = {"action": 0, "reward": 0.0, "terminated": False, "truncated": False}
+    frame = np.zeros(SHAPE, np.uint8)
+    # a stack given where one frame goes: (4, 3, 2) in an add of one row
+    stacked = np.zeros((4, *SHAPE), np.uint8)
+    with pytest.raises(
+        ValueError,
+        match=r"`obs` must have shape \(3, 2\) \(one frame\).*"
+        r"got shape \(4, 3, 2\).*only the newest frame.*last 4 frames",
+    ):
+        store.check_frame_shapes({"obs": stacked, "next_obs": frame, **one})
+    with pytest.raises(ValueError, match=r"`next_obs` must have shape \(3, 2\).*\(3, 2, 4\)"):
+        store.check_frame_shapes({"obs": frame, "next_obs": np.zeros((*SHAPE, 4)), **one})
+    # one frame, or a batch of rows (flags of the batch's length), passes
+    store.check_frame_shapes({"obs": frame, "next_obs": frame, **one})
+    rows = {"action": np.zeros(4), "reward": np.zeros(4), "terminated": np.zeros(4, bool),
+            "truncated": np.zeros(4, bool)}  # fmt: skip
+    store.check_frame_shapes({"obs": stacked, "next_obs": stacked, **rows})
+    assert store.added == 0 and buf.total_added == 0
+    fields = {**FIELDS, "next_obs": ((3, 3), np.uint8)}
+    with pytest.raises(ValueError, match=r"'next_obs' must have the shape and dtype of field "
+                       r"'obs', \(3, 2\) uint8 \(the next observation is the episode's next "
+                       r"frame"):  # fmt: skip
+        PrioritizedReplayBuffer(10, fields, frame_stack={"obs": 2})
+
+
+def test_add_of_a_stacked_observation_names_the_frame_shape() -> None:
+    buf = PrioritizedReplayBuffer(10, FIELDS, frame_stack={"obs": 4}, seed=0)
+    row = {"obs": np.zeros((4, *SHAPE), np.uint8), "next_obs": np.zeros(SHAPE, np.uint8),
+           "action": 0, "reward": 0.0, "terminated": False, "truncated": False}  # fmt: skip
+    with pytest.raises(ValueError, match=r"one frame.*only the newest frame"):
+        buf.add(row)
+    assert buf.total_added == 0 and buf.frame_store.added == 0 and len(buf) == 0

@@ -335,10 +335,13 @@ def test_same_step_autoreset_is_refused() -> None:
 def test_nstep_requires_truncation_field_or_explicit_none() -> None:
     """Issue: without a truncation field a time-limit cut ran on into the next episode."""
     no_trunc = {k: v for k, v in FIELDS.items() if k != "truncated"}
-    with pytest.raises(
-        ValueError, match=r"no truncation field.*nstep_keys=\{'truncated_key': None\}"
-    ):
+    with pytest.raises(ValueError, match=r"no truncation field.*pass truncated_key=None if"):
         NStepWriter(no_trunc, 3, 0.9)
+    # a buffer's message names its own argument, nstep_keys
+    with pytest.raises(
+        ValueError, match=r"no truncation field.*pass nstep_keys=\{'truncated': None\} if"
+    ):
+        fastper.PrioritizedReplayBuffer(8, no_trunc, n_step=3)
     with pytest.raises(ValueError, match="autoreset='next_step' must know where episodes end"):
         NStepWriter(no_trunc, 1, 0.9, autoreset="next_step")
     writer = NStepWriter(no_trunc, 3, 0.9, truncated_key=None)  # said explicitly: fine
@@ -363,7 +366,7 @@ def test_nstep_requires_truncation_field_or_explicit_none() -> None:
         (FIELDS, {"n": 2.0}, TypeError, "`n_step` must be an integer"),
         (FIELDS, {"gamma": 1.01}, ValueError, "`gamma` must be <= 1"),
         (FIELDS, {"gamma": -0.1}, ValueError, "`gamma` must be >= 0"),
-        (FIELDS, {"terminated_key": "nope"}, ValueError, "`nope` is not among the fields"),
+        (FIELDS, {"terminated_key": "nope"}, ValueError, "`terminated_key` must name one of the fields .* got .nope."),
         (FIELDS, {"truncated_key": 3}, TypeError, "`truncated_key` must be a field name or None"),
         (FIELDS, {"truncated_key": "terminated"}, ValueError, "fields must differ"),
         (FIELDS, {"n_envs": 0}, ValueError, "`n_envs` must be >= 1"),

@@ -1,4 +1,9 @@
-"""The README's benchmark tables show exactly the committed results."""
+"""The benchmark figures shown to users are exactly the committed results.
+
+docs/benchmarks.md shows the peer tables (between the peers markers) and the
+workloads tables; the README's comparison table shows speed ratios and times
+taken from the same run. Each is checked against benchmarks/results/.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "benchmarks.md"
 OPS = {
     "learner step": "learner_step",
     "update": "update",
@@ -16,8 +22,8 @@ OPS = {
 }
 
 
-def _readme_rows() -> list[tuple[int, str, list[str], list[str]]]:
-    text = (ROOT / "README.md").read_text()
+def _peer_rows() -> list[tuple[int, str, list[str], list[str]]]:
+    text = PAGE.read_text()
     block = text.split("<!-- peers:start -->", 1)[1].split("<!-- peers:end -->", 1)[0]
     rows = []
     capacity, libs = 0, []
@@ -43,8 +49,13 @@ def _csv() -> dict[tuple[str, int, str], float]:
     return out
 
 
-def test_readme_tables_match_committed_csv() -> None:
-    rows = _readme_rows()
+def _close(shown: float, actual: float) -> bool:
+    # the tables show about three significant digits
+    return abs(shown - actual) <= 0.006 * abs(actual) + 5e-4
+
+
+def test_benchmarks_page_peer_tables_match_committed_csv() -> None:
+    rows = _peer_rows()
     values = _csv()
     assert {cap for cap, *_ in rows} == {2**20, 2**22}
     checked = 0
@@ -55,17 +66,46 @@ def test_readme_tables_match_committed_csv() -> None:
                 assert (lib, capacity, op) not in values
                 continue
             shown = float(cell.lstrip("~").replace(",", ""))
-            actual = values[(lib, capacity, op)]
-            # the tables show about three significant digits
-            assert abs(shown - actual) <= 0.006 * abs(actual) + 5e-4, (lib, capacity, op)
+            assert _close(shown, values[(lib, capacity, op)]), (lib, capacity, op)
             checked += 1
     assert checked >= 20
 
 
-def test_readme_workloads_tables_are_the_committed_run() -> None:
-    committed = (ROOT / "benchmarks" / "results" / "workloads.md").read_text()
-    rows = [line for line in committed.splitlines() if line.startswith("| ")]
-    assert len(rows) >= 14  # two capacities, seven workloads each
+def test_readme_comparison_ratios_are_the_committed_run() -> None:
+    """Each README row 'fastper time, then peer / fastper' matches peers.csv at 2^20."""
+    values = _csv()
     readme = (ROOT / "README.md").read_text()
-    missing = [row for row in rows if row not in readme]
+    table = readme.split("### Compared with other replay libraries", 1)[1].split("\n\n", 2)[1]
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    ops = {"learner step": "learner_step", "sample 256": "sample", "update 256": "update"}
+    checked = 0
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        op = next((v for k, v in ops.items() if cells[0].startswith(k)), None)
+        if op is None:
+            continue
+        assert "2^20 slots" in cells[0], cells[0]
+        own = values[("fastper", 2**20, op)]
+        m = re.fullmatch(r"1x \(([\d.]+) us\)", cells[header.index("fastper")])
+        assert m and _close(float(m.group(1)), own), cells
+        for lib, cell in zip(header[1:], cells[1:], strict=True):
+            key = (lib.lower(), 2**20, op)
+            if m := re.fullmatch(r"([\d.]+)x slower", cell):
+                assert key in values, (lib, op)
+                assert abs(float(m.group(1)) - values[key] / own) <= 0.006, (lib, op, cell)
+                checked += 1
+            elif lib != "fastper":
+                assert key not in values, f"{lib} was measured: show its ratio for {op}"
+    assert checked == 6  # cpprb and tianshou, three operations
+
+
+def test_benchmarks_page_workloads_tables_are_the_committed_run() -> None:
+    committed = (ROOT / "benchmarks" / "results" / "workloads.md").read_text()
+    page = PAGE.read_text()
+    rows = [
+        line for line in committed.splitlines() if line.startswith("| ") and "us/call" not in line
+    ]
+    assert len(rows) >= 14  # two capacities, seven workloads each
+    shown = {line.split("|")[1:6].__repr__() for line in page.splitlines() if line.startswith("| ")}
+    missing = [row for row in rows if row.split("|")[1:6].__repr__() not in shown]
     assert not missing, missing

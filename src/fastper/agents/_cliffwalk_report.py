@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import missing_extra
+
 #: the run ends when the MSE to the true Q-values falls below this (paper: 1e-3)
 THRESHOLD = 1e-3
 #: replay schemes, in plotting order
@@ -110,6 +112,14 @@ def summarise(rows: Iterable[dict[str, Any]]) -> dict[str, dict[int, dict[str, A
     return out
 
 
+def _runs_per_cell(summ: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """Runs per (scheme, n) cell: "10", or "5-10" when cells differ."""
+    counts = sorted({c["runs"] for by_n in summ.values() for c in by_n.values()})
+    if not counts:
+        return "0"
+    return str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+
+
 def _order(labels: Iterable[str]) -> list[str]:
     def key(label: str) -> tuple[int, str]:
         base = label.split(" ")[0]
@@ -169,11 +179,13 @@ def summary_markdown(rows: list[dict[str, Any]], title: str = "Blind Cliffwalk")
             return ""
         return f"{u['median'] / max(c['median'], 1.0):.1f}x"
 
+    per_cell = _runs_per_cell(summ)
     lines = [
         f"# {title}: updates until MSE < {THRESHOLD:g}",
         "",
-        "Median [25th-75th percentile] over the runs; a censored run (budget exhausted) "
-        "counts as +inf. Memory = 2^(n+1) - 2 transitions.",
+        f"{per_cell} runs (seeds) per cell. Median [25th-75th percentile] over the runs "
+        "(the spread of the runs, not a confidence interval); a censored run (budget "
+        "exhausted) counts as +inf. Memory = 2^(n+1) - 2 transitions.",
         "",
         *_table(summ, labels, ns, updates),
     ]
@@ -213,9 +225,9 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install matplotlib") from exc
+        raise missing_extra("the Blind Cliffwalk plot", exc, "agents") from None
     summ = summarise(rows)
-    fig, ax = plt.subplots(figsize=(7.2, 5.4), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 6), dpi=150)
     extra = 0
     sizes = sorted({c["memory_size"] for by_n in summ.values() for c in by_n.values()})
     if sizes:
@@ -241,7 +253,12 @@ def plot(
     ax.set_yscale("log")
     ax.set_xlabel("transitions in replay memory (2^(n+1) - 2)")
     ax.set_ylabel(f"updates until MSE < {THRESHOLD:g}")
-    ax.set_title(title or "Blind Cliffwalk, tabular Q-learning: median and IQR")
+    runs = _runs_per_cell(summ)
+    ax.set_title(
+        f"{title or 'Blind Cliffwalk, tabular Q-learning'}\n"
+        f"line: median of {runs} runs per point; band: 25th-75th percentile of the runs",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if len(summ) > 8 else 1)
     fig.tight_layout()

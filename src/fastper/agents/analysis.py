@@ -25,23 +25,21 @@ smoothed further: each already averages several episodes). Metrics per seed:
 * steps to threshold: the first step at which the curve reaches the
   threshold (for training episodes only full windows count; +inf if never).
 
-Across seeds (``n`` of them): the final return as a mean with a 95% Student-t
-interval (``scipy.stats.t``) and as an interquartile mean (IQM: the mean of
-the middle 50% of the runs, ``scipy.stats.trim_mean(x, 0.25)``) with a 95%
-percentile bootstrap interval over runs, stratified per task (each task's
-runs resampled on their own); AUC as a mean with a t-interval; steps to
-threshold as the median with a bootstrap interval (never reaching = +inf).
-The IQM interval and performance profiles come from rliable (extra
-``stats``) when it imports, and are computed with scipy from the same
-definitions otherwise; the output names the one used. Bootstraps use a fixed
-seed, so the same runs give the same table.
+Across seeds (``n`` of them), every interval is a 95% percentile bootstrap
+over the seeds with a fixed seed (:mod:`fastper.agents.stats`), so the same
+runs give the same table: the final return as a mean
+(:func:`~fastper.agents.stats.mean_ci`) and as an interquartile mean (IQM:
+the mean of the middle 50% of the runs, stratified per task; rliable, extra
+``stats``, when it imports, else scipy; the output names the one used); AUC
+as a mean; steps to threshold as the median (never reaching = +inf). A
+bootstrap interval of the mean never leaves the range of the seeds' values,
+so an interval of a bounded return stays within its bounds.
 
-Few seeds: a t-interval from n = 2 spans 12.7 standard errors either side
-and may leave the range of returns seen; it is shown as computed and flagged
-``(n=2: wide)``. A bootstrap interval from few seeds is too narrow instead
-(it never leaves the seeds' range). Plots of fewer than 5 seeds draw each
-seed's curve under the mean instead of a band; from 5 seeds on, the mean
-with a 95% bootstrap band. The y-axis always follows the curves drawn.
+Few seeds: below 5 seeds a bootstrap interval is too narrow (it cannot leave
+the seeds' range, and from 2 seeds it is close to that range); tables flag
+it ``(n=2: few)``. Plots draw the mean and the same 95% bootstrap band
+(:func:`~fastper.agents.stats.mean_band`), and below 5 seeds each seed's
+curve too. The y-axis always follows the curves drawn.
 
 Needs numpy and scipy; plots need matplotlib; rliable is optional.
 """
@@ -52,7 +50,6 @@ import csv
 import json
 import math
 import sys
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,20 +60,21 @@ import numpy as np
 from ._common import CONFIG_JSON, EPISODES_CSV, REPLAYS, SUMMARY_JSON
 from .stats import (
     BOOTSTRAP_REPS,
+    CONFIDENCE,
+    FEW_SEEDS,
     Backend,
     Estimate,
     iqm_ci,
+    mean_band,
+    mean_ci,
     median_ci,
     performance_profile,
     stats_backend,
-    t_interval,
 )
 
 EVALUATIONS_CSV = "evaluations.csv"
 #: ``returns=`` choices: greedy evaluations or training (behaviour-policy) episodes
 RETURNS = ("eval", "train")
-#: below this many seeds: t-intervals flagged as wide, plots show each seed
-FEW_SEEDS = 5
 
 
 @dataclass
@@ -368,9 +366,9 @@ class Summary:
     label: str
     n: int
     finals: tuple[float, ...]  # each seed's final return
-    final: Estimate  # mean, t-interval
+    final: Estimate  # mean, bootstrap interval
     final_iqm: Estimate  # IQM, stratified bootstrap interval
-    auc: Estimate  # mean, t-interval
+    auc: Estimate  # mean, bootstrap interval
     reached: int
     to_threshold: Estimate  # median, bootstrap interval
 
@@ -423,9 +421,9 @@ def summarise(
                 label=g.label,
                 n=len(g.runs),
                 finals=tuple(float(f) for f in finals),
-                final=t_interval(finals),
+                final=mean_ci(finals, reps),
                 final_iqm=iqm_ci(ok, stats_by, reps) if ok.size else Estimate(math.nan),
-                auc=t_interval(np.array(aucs)),
+                auc=mean_ci(np.array(aucs), reps),
                 reached=int(np.isfinite(tts).sum()),
                 to_threshold=median_ci(tts) if tts.size else Estimate(math.nan),
             )
@@ -456,7 +454,7 @@ def _fmt_ci(e: Estimate, flag_n: int | None = None) -> str:
         return _fmt(e.value)
     text = f"{_fmt(e.value)} [{_fmt(e.low)}, {_fmt(e.high)}]"
     if flag_n is not None and flag_n < FEW_SEEDS:
-        text += f" (n={flag_n}: wide)"
+        text += f" (n={flag_n}: few)"
     return text
 
 
@@ -469,24 +467,24 @@ def compare_table(
 ) -> str:
     """A markdown table, one row per scheme, and notes saying what was computed how.
 
-    Columns: n (seeds), final return as mean [95% t-interval] and as IQM
-    [95% stratified bootstrap interval], AUC, and, with a threshold, how many
+    Columns: n (seeds), final return as mean and as IQM, AUC as mean, each
+    with a 95% bootstrap interval over seeds, and, with a threshold, how many
     seeds reached it and the median steps to it.
     """
     c = summarise(groups, threshold, window, returns, backend)
     thr = c.threshold
     head = [
         "scheme",
-        "n",
-        "final return: mean [95% t-CI]",
-        "final return: IQM [95% bootstrap CI]",
-        "AUC: mean [95% t-CI]",
+        "n (seeds)",
+        "final return: mean [95% CI]",
+        "final return: IQM [95% CI]",
+        "AUC: mean [95% CI]",
     ]
     if thr is not None:
         head += [f"reached {thr:g}", f"steps to {thr:g}: median [95% CI]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in c.rows:
-        cells = [s.label, str(s.n), _fmt_ci(s.final, s.n), _fmt_ci(s.final_iqm),
+        cells = [s.label, str(s.n), _fmt_ci(s.final, s.n), _fmt_ci(s.final_iqm, s.n),
                  _fmt_ci(s.auc, s.n)]  # fmt: skip
         if thr is not None:
             cells += [f"{s.reached}/{s.n}", _fmt_ci(s.to_threshold)]
@@ -497,26 +495,31 @@ def compare_table(
         if c.returns.kind == "eval"
         else f"moving average of {window} episodes"
     )
+    seeds = sorted({s.n for s in c.rows})
+    per_scheme = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
     notes = [
         "",
+        f"- {per_scheme} seed{'' if seeds == [1] else 's'} per scheme (column n).",
         f"- {c.returns.note}.",
+        f"- CIs: {CONFIDENCE:.0%} percentile bootstrap over seeds ({BOOTSTRAP_REPS:,} resamples, "
+        "fixed seed: the same runs give the same table); an interval of a mean stays within "
+        "the seeds' lowest and highest value.",
         f"- final return: per seed, the mean of the {kind} in the last 10% of the steps; "
-        "mean with a Student-t interval; IQM (mean of the middle 50% of seeds) with a "
-        "percentile bootstrap interval over seeds, stratified per task "
-        f"({BOOTSTRAP_REPS:,} resamples, {c.backend.note}).",
+        "its mean, and its IQM (mean of the middle 50% of seeds, resampled per task; "
+        f"{c.backend.note}).",
         f"- AUC: the mean of each seed's curve ({smooth}) over the steps.",
     ]
     if any(s.n < FEW_SEEDS for s in c.rows):
         notes.append(
-            f"- (n=K: wide): fewer than {FEW_SEEDS} seeds. A t-interval from so few is wide "
-            "(n=2: 12.7 standard errors either side) and can leave the range of returns seen; "
-            "a bootstrap interval is too narrow (it never leaves the seeds' range). Neither "
-            "settles a comparison: run more seeds."
+            f"- (n=K: few): fewer than {FEW_SEEDS} seeds. A bootstrap interval from so few is "
+            "too narrow (it cannot leave the seeds' range; from 2 seeds it is about that "
+            "range): read it as the spread seen, not as 95% confidence. Run more seeds to "
+            "settle a comparison."
         )
     if thr is not None:
         notes.append(
             f"- steps to {thr:g}: first step where the curve ({smooth}) reaches it; median "
-            "with a 95% bootstrap interval, 'never' = not reached."
+            "with a 95% bootstrap interval (its bounds are seeds' values), 'never' = not reached."
         )
     return "\n".join(lines) + "\n" + "\n".join(notes)
 
@@ -535,41 +538,31 @@ def _pyplot() -> Any:
     return plt
 
 
-def _nanmean(curves: np.ndarray) -> np.ndarray:
-    """Mean across seeds (rows) of the finite values; NaN where no seed has one yet."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns
-        return np.asarray(np.nanmean(curves, axis=0))
-
-
-def _mean_band(curves: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean across seeds at each grid step and a 95% percentile bootstrap band of it.
-
-    For 2 seeds or more (the plot asks from FEW_SEEDS on). The band is drawn
-    only where every seed has a value; like any percentile
-    bootstrap of a mean, it stays within the seeds' values.
-    """
-    from scipy import stats
-
-    mean = _nanmean(curves)
-    lo = np.full(mean.shape, np.nan)
-    hi = np.full(mean.shape, np.nan)
-    ok = np.isfinite(curves).all(axis=0)
-    if ok.any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = stats.bootstrap(
-                (curves[:, ok],), np.mean, axis=0, n_resamples=1000, method="percentile",
-                vectorized=True, rng=np.random.default_rng(seed),
-            )  # fmt: skip
-        lo[ok], hi[ok] = res.confidence_interval.low, res.confidence_interval.high
-    return mean, lo, hi
-
-
 def _title(runs: Sequence[Run]) -> str:
     env = runs[0].meta.get("env_id", "")
     algo = {"dqn": "Double DQN", "sac": "SAC"}.get(runs[0].meta.get("algo", ""), "")
     return f"{algo} on {env}".strip()
+
+
+#: legend names of the replay schemes (other labels are shown as they are)
+SCHEME_NAMES = {"uniform": "uniform", "per": "proportional (per)", "rank": "rank-based (rank)"}
+
+
+def _legend(label: str, n: int) -> str:
+    return f"{SCHEME_NAMES.get(label, label)}, n={n}"
+
+
+def _steps_axis(ax: Any) -> None:
+    """x-axis of environment steps, ticks as 10k / 1.5M."""
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(x: float, _pos: object) -> str:
+        if abs(x) >= 1e6:
+            return f"{x / 1e6:g}M"
+        return f"{x / 1e3:g}k" if abs(x) >= 1e3 else f"{x:g}"
+
+    ax.xaxis.set_major_formatter(FuncFormatter(fmt))
+    ax.set_xlabel("environment steps")
 
 
 def curves_figure(
@@ -577,44 +570,51 @@ def curves_figure(
 ) -> tuple[Any, ReturnsUsed]:
     """The learning-curve figure (matplotlib) and the returns it shows.
 
-    One colour per group, ``(n=K)`` in its legend entry. Fewer than
-    :data:`FEW_SEEDS` seeds: each seed's curve thin, the mean thick; more:
-    the mean and a 95% bootstrap band. The y-limits are those of the curves
-    drawn, with a 5% margin.
+    One colour per group, ``n=K`` (seeds) in its legend entry: the mean
+    across seeds and its 95% percentile bootstrap band (the tables' interval,
+    :func:`~fastper.agents.stats.mean_band`); below :data:`FEW_SEEDS` seeds
+    each seed's curve too, thin. The title is ``title`` (default: algorithm
+    and environment) over a line saying what is drawn; the y-limits are those
+    of what is drawn, with a 5% margin.
     """
     plt = _pyplot()
     all_runs = [r for g in groups for r in g.runs]
     used = choose_returns(all_runs, returns)
     grid = grid_for(all_runs)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lo, hi = math.inf, -math.inf
+    fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: list[np.ndarray] = []
     few = False
     for g in groups:
         curves = np.stack([smoothed_curve(r, grid, window, used.kind) for r in g.runs])
-        if np.isfinite(curves).any():
-            lo, hi = min(lo, float(np.nanmin(curves))), max(hi, float(np.nanmax(curves)))
         n = len(g.runs)
+        mean, band_lo, band_hi = mean_band(curves)
+        line = ax.plot(grid, mean, lw=2, label=_legend(g.label, n))[0]
+        ax.fill_between(grid, band_lo, band_hi, color=line.get_color(), alpha=0.2, lw=0)
+        drawn += [mean, band_lo, band_hi]
         if n < FEW_SEEDS:
             few = True
-            line = ax.plot(grid, _nanmean(curves), lw=2, label=f"{g.label} (n={n})")[0]
             for c in curves:
-                ax.plot(grid, c, lw=0.8, alpha=0.35, color=line.get_color())
-        else:
-            mean, band_lo, band_hi = _mean_band(curves)
-            line = ax.plot(grid, mean, lw=2, label=f"{g.label} (n={n})")[0]
-            ax.fill_between(grid, band_lo, band_hi, color=line.get_color(), alpha=0.2, lw=0)
-    if math.isfinite(lo):
+                ax.plot(grid, c, lw=0.7, alpha=0.4, color=line.get_color())
+            drawn.append(curves.ravel())
+    values = np.concatenate(drawn)
+    values = values[np.isfinite(values)]
+    if values.size:
+        lo, hi = float(values.min()), float(values.max())
         pad = 0.05 * (hi - lo) or max(1.0, abs(hi) * 0.05)
         ax.set_ylim(lo - pad, hi + pad)
-    how = "latest evaluation" if used.kind == "eval" else f"mean of last {window} training episodes"
-    shown = "thin: each seed, thick: mean" if few else "mean and 95% bootstrap band"
-    if few and any(len(g.runs) >= FEW_SEEDS for g in groups):
-        shown = f"mean; thin: seeds (n < {FEW_SEEDS}), band: 95% bootstrap (n >= {FEW_SEEDS})"
-    ax.set_title(title or f"{_title(all_runs)}: {how}\n({shown})", fontsize=10)
-    ax.set_xlabel("environment steps")
+    how = (
+        "greedy evaluations"
+        if used.kind == "eval"
+        else f"training episodes, moving average of {window}"
+    )
+    shown = f"line: mean over seeds; band: {CONFIDENCE:.0%} bootstrap CI of the mean"
+    if few:
+        shown += f"; thin lines: each seed (n < {FEW_SEEDS})"
+    ax.set_title(f"{title or _title(all_runs)}\n{how}\n{shown}", fontsize=10)
+    _steps_axis(ax)
     ax.set_ylabel(used.label)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(title="replay", fontsize=9)
     fig.tight_layout()
     return fig, used
 
@@ -622,7 +622,7 @@ def curves_figure(
 def _save(fig: Any, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=150)
     _pyplot().close(fig)
     return out
 
@@ -644,12 +644,14 @@ def profile_figure(
     returns: str | None = None,
     backend: str = "auto",
     points: int = 101,
+    title: str | None = None,
 ) -> tuple[Any, ReturnsUsed, Backend]:
     """The performance profile of the seeds' final returns, one line per group.
 
     For each tau between the lowest and highest final return: the fraction of
     a group's seeds whose final return exceeds tau, with a 95% stratified
-    bootstrap band (rliable, or scipy; the title says which).
+    bootstrap band (rliable, or scipy; the title says which). ``title``
+    replaces the default (algorithm and environment) in the title's first line.
     """
     plt = _pyplot()
     all_runs = [r for g in groups for r in g.runs]
@@ -662,36 +664,41 @@ def profile_figure(
     if finite.size == 0:
         raise ValueError("no run has a final return to profile (runs too short?)")
     taus = np.linspace(float(finite.min()), float(finite.max()), points)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     for label, f in finals.items():
         f = f[np.isfinite(f)]
         if f.size == 0:
             continue
         prof = performance_profile(f, taus, bk)
         line = ax.plot(
-            taus, prof.fraction, lw=2, drawstyle="steps-post", label=f"{label} (n={f.size})"
+            taus, prof.fraction, lw=2, drawstyle="steps-post", label=_legend(label, f.size)
         )[0]
         ax.fill_between(
             taus, prof.low, prof.high, step="post", color=line.get_color(), alpha=0.2, lw=0
         )
-    kind = "evaluations" if used.kind == "eval" else "training episodes"
+    kind = "greedy evaluations" if used.kind == "eval" else "training episodes"
     ax.set_title(
-        f"{_title(all_runs)}: performance profile of final return ({kind})\n"
-        f"95% stratified bootstrap band, {bk.name} {bk.version}",
+        f"{title or _title(all_runs)}: performance profile of the final return\n"
+        f"{kind}; band: {CONFIDENCE:.0%} bootstrap CI over runs ({bk.name} {bk.version})",
         fontsize=10,
     )
-    ax.set_xlabel("final return τ")
+    source = "greedy evaluation" if used.kind == "eval" else "training episode"
+    ax.set_xlabel(f"final return τ ({source} return)")
     ax.set_ylabel("fraction of runs with final return > τ")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(title="replay", fontsize=9)
     fig.tight_layout()
     return fig, used, bk
 
 
 def plot_profile(
-    groups: Sequence[Group], out: str | Path, returns: str | None = None, backend: str = "auto"
+    groups: Sequence[Group],
+    out: str | Path,
+    returns: str | None = None,
+    backend: str = "auto",
+    title: str | None = None,
 ) -> Path:
     """Write the performance profile (see :func:`profile_figure`) to ``out``; returns its path."""
-    fig, _, _ = profile_figure(groups, returns, backend)
+    fig, _, _ = profile_figure(groups, returns, backend, title=title)
     return _save(fig, out)

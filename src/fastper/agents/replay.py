@@ -4,7 +4,7 @@
 the schedules run on are the ``sample`` calls of the run (one per gradient
 step, :func:`samples_by`).
 
-The options beyond the paper's are the seed design's claims (issue 15).
+The options beyond the paper's are proposed PER variants (see docs/results/claims/).
 
 Each option is a config field of :class:`~fastper.agents.dqn.DQNConfig` and
 :class:`~fastper.agents.sac.SACConfig` whose default is the paper's recipe,

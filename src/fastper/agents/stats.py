@@ -1,15 +1,26 @@
-"""Statistics across seeds: t-intervals, IQM with stratified bootstrap intervals, profiles.
+"""Statistics across seeds: bootstrap intervals of the mean, IQM, profiles.
 
-Scores are a (runs, tasks) matrix (a 1-D array is one task). The IQM
-(interquartile mean) is ``scipy.stats.trim_mean(scores.ravel(), 0.25)``; its
-interval and performance profiles use a percentile bootstrap over runs,
-stratified per task (each task's runs resampled on their own). rliable
-(extra ``stats``: ``get_interval_estimates``, ``metrics.aggregate_iqm``,
-``create_performance_profile``) computes them when it imports; otherwise the
-same definitions run on ``scipy.stats.bootstrap``, and :class:`Backend` says
-which ran and why. Bootstraps take a seed, so a table does not change between
-calls; rliable draws from numpy's global RNG, which is seeded for the call
-and restored after it.
+Every interval here is a 95% percentile bootstrap over runs (seeds), with a
+fixed seed, so the same runs always give the same table:
+
+* the mean (:func:`mean_ci`, and :func:`mean_band` for a learning curve at
+  every step): runs resampled with replacement, numpy only. The bootstrap
+  means of bounded returns lie between the lowest and highest run, so the
+  interval never leaves the range of the data (a return in [0, 500] never
+  gets an interval below 0 or above 500), whatever the number of seeds;
+* the IQM (interquartile mean, ``scipy.stats.trim_mean(scores.ravel(),
+  0.25)``) and performance profiles: a (runs, tasks) matrix (a 1-D array is
+  one task) resampled per task (stratified). rliable (extra ``stats``:
+  ``get_interval_estimates``, ``metrics.aggregate_iqm``,
+  ``create_performance_profile``) computes them when it imports; otherwise
+  the same definitions run on ``scipy.stats.bootstrap``, and
+  :class:`Backend` says which ran and why. rliable draws from numpy's
+  global RNG, which is seeded for the call and restored after it.
+
+A bootstrap interval from few seeds is too narrow rather than too wide: it
+cannot leave the seeds' range, and from 2 seeds it is close to that range.
+Below :data:`FEW_SEEDS` seeds, read it as the spread seen, not as 95%
+confidence.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ BACKENDS = ("auto", "rliable", "scipy")
 #: bootstrap resamples (rliable's default for performance profiles)
 BOOTSTRAP_REPS = 2000
 CONFIDENCE = 0.95
+#: below this many seeds a bootstrap interval is too narrow (tables and plots say so)
+FEW_SEEDS = 5
 STATS_HINT = "pip install 'fastper[stats]'"
 
 
@@ -90,22 +103,79 @@ def stats_backend(backend: str = "auto") -> Backend:
     return Backend("scipy", scipy.__version__, f"scipy {scipy.__version__}, as {found}")
 
 
-def t_interval(x: Sequence[float] | np.ndarray) -> Estimate:
-    """Mean of the finite values and its 95% Student-t interval (none below 2 values). O(n)."""
-    from scipy import stats
+def _finite(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The finite values of ``x`` as a 1-D float64 array."""
+    a = np.ravel(np.asarray(x, dtype=np.float64))
+    return a[np.isfinite(a)]
 
-    a = np.asarray(x, dtype=np.float64)
-    a = a[np.isfinite(a)]
+
+def _bootstrap_means(values: np.ndarray, reps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """95% percentile bootstrap interval of the mean over rows of ``values`` (runs, k).
+
+    Runs are resampled with replacement (``reps`` times, one draw of counts
+    shared by every column), so each column's bootstrap means are weighted
+    means of its own values; their 2.5% and 97.5% quantiles are the bounds,
+    clipped to the column's range against floating-point rounding. O(reps * runs * k).
+    """
+    n = values.shape[0]
+    draws = np.random.default_rng(seed).integers(0, n, size=(reps, n))
+    flat = (np.arange(reps)[:, None] * n + draws).ravel()
+    weights = np.bincount(flat, minlength=reps * n).reshape(reps, n) / n  # (reps, runs)
+    boots = weights @ values  # (reps, k): each resample's mean
+    tail = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(boots, [tail, 1 - tail], axis=0)
+    low, high = values.min(axis=0), values.max(axis=0)
+    return np.clip(lo, low, high), np.clip(hi, low, high)
+
+
+def _check_reps(reps: int) -> None:
+    if isinstance(reps, bool) or not isinstance(reps, int | np.integer) or reps < 100:
+        raise ValueError(
+            f"`reps` must be an integer >= 100 (bootstrap resamples), got reps={reps!r}"
+        )
+
+
+def mean_ci(x: Sequence[float] | np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> Estimate:
+    """Mean of the finite values and its 95% percentile bootstrap interval over them.
+
+    No interval below 2 values. The bounds lie within [min, max] of the
+    values. Cost: O(reps * n).
+    """
+    _check_reps(reps)
+    a = _finite(x)
     if a.size == 0:
         return Estimate(math.nan)
     m = float(a.mean())
     if a.size < 2:
         return Estimate(m)
-    sem = float(stats.sem(a))
-    if sem == 0.0:
-        return Estimate(m, m, m)
-    lo, hi = stats.t.interval(CONFIDENCE, df=a.size - 1, loc=m, scale=sem)
-    return Estimate(m, float(lo), float(hi))
+    lo, hi = _bootstrap_means(a[:, None], reps, seed)
+    return Estimate(m, float(lo[0]), float(hi[0]))
+
+
+def mean_band(
+    curves: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean across runs (rows) at each column and its 95% bootstrap band (:func:`mean_ci`'s).
+
+    ``curves`` is (runs, points) with NaN where a run has no value yet. The
+    mean is taken over the finite values; the band only where every run has
+    one (NaN elsewhere) and from 2 runs on. At each column the band equals
+    :func:`mean_ci` of that column with the same ``reps`` and ``seed``.
+    Cost: O(reps * runs * points).
+    """
+    _check_reps(reps)
+    c = np.asarray(curves, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] == 0:
+        raise ValueError(f"`curves` must be a (runs, points) array, got shape {c.shape}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns
+        mean = np.asarray(np.nanmean(c, axis=0))
+    lo = np.full(mean.shape, np.nan)
+    hi = np.full(mean.shape, np.nan)
+    ok = np.isfinite(c).all(axis=0)
+    if c.shape[0] >= 2 and ok.any():
+        lo[ok], hi[ok] = _bootstrap_means(c[:, ok], reps, seed)
+    return mean, lo, hi
 
 
 def iqm(scores: Sequence[float] | np.ndarray) -> float:

@@ -9,6 +9,9 @@ never imports this package.
 * :mod:`fastper.compat.sb3`: prioritized replay buffers and ``PERDQN``,
   ``PERSAC``, ``PERTD3`` for Stable-Baselines3 (extra ``sb3``; importing it
   imports stable-baselines3 and torch).
+* :mod:`fastper.compat.torchrl`: prioritized, rank-based and uniform samplers
+  for TorchRL's replay buffers, and a ``TensorDictPrioritizedReplayBuffer``
+  (extra ``torchrl``; importing it imports torchrl, tensordict and torch).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ paths relative to ``dopamine``):
 * ``replay_memory.sum_tree.SumTree`` and ``jax.replay_memory.sum_tree.SumTree``
   -> :class:`SumTree` (one class with both APIs);
 * ``replay_memory.prioritized_replay_buffer.OutOfGraphPrioritizedReplayBuffer``
-  -> :class:`OutOfGraphPrioritizedReplayBuffer` (vector observations; a subset);
+  -> :class:`OutOfGraphPrioritizedReplayBuffer` (stacked frames and n-step
+  returns included; not the TensorFlow wrapper);
 * ``replay_memory.circular_replay_buffer.ReplayElement`` -> :class:`ReplayElement`.
 
 Importing this module imports numpy and fastper only: no TensorFlow, JAX, gin
@@ -36,30 +37,64 @@ What maps to what
 arguments, ``add(observation, action, reward, terminal, *args, priority=None,
 episode_end=False)``, ``sample_index_batch``, ``sample_transition_batch``,
 ``get_transition_elements``, ``set_priority``, ``get_priority``,
-``is_valid_transition``, ``is_empty``, ``is_full``, ``cursor`` and
-``add_count``. Slot ``add_count % replay_capacity`` receives the next
-transition; a transition's index is its slot; its next state is the
-observation of the next slot. Priorities are used as given (no exponent, no
-epsilon): ``P(i) = p_i / sum_j p_j`` over the valid transitions, exactly as in
-Dopamine, where the agent applies the exponent before ``set_priority``.
+``is_valid_transition``, ``get_observation_stack``, ``get_terminal_stack``,
+``is_empty``, ``is_full``, ``cursor``, ``add_count``, ``invalid_range``,
+``episode_end_indices``, ``save`` and ``load``, with Dopamine's semantics:
 
-``sample_transition_batch`` returns Dopamine's tuple, in Dopamine's order:
-``state, action, reward, next_state, next_action, next_reward, terminal,
-indices``, then one array per extra storage element, then
-``sampling_probabilities``. ``state`` and ``next_state`` have shape
-``(batch, *observation_shape, 1)`` (the stack axis last, of size 1), and
-``sampling_probabilities`` holds the raw priorities (float32), which is what
-Dopamine puts under that name; divide by ``sum_tree.root`` for probabilities.
+* **Slots.** Each ``add`` writes one observation (one frame) at slot
+  ``add_count % replay_capacity``; the first ``add`` of an episode first
+  writes ``stack_size - 1`` zero slots (zero observation, action, reward,
+  terminal and extras, priority 0), so a state is always the frames of the
+  ``stack_size`` slots ending at its index. Memory is one observation per
+  slot whatever ``stack_size`` is: 84x84 Atari frames with ``stack_size=4``
+  take 7 KB a slot, not 28.
+* **Validity** (``is_valid_transition``): a slot is sampled only when it is
+  written with its ``update_horizon`` successors (and, before the ring is
+  full, is at least ``stack_size - 1``), is not in ``invalid_range``
+  (``cursor - update_horizon .. cursor + stack_size - 1``), has no terminal
+  among the ``stack_size - 1`` slots before it (its stack would reach into
+  the previous episode) and no episode cut short (``episode_end`` without
+  ``terminal``) among its ``update_horizon`` slots.
+* **Batches.** ``sample_transition_batch`` returns Dopamine's tuple, in
+  Dopamine's order: ``state, action, reward, next_state, next_action,
+  next_reward, terminal, indices``, then one array per extra storage element,
+  then ``sampling_probabilities``. States are ``(batch, *observation_shape,
+  stack_size)``, oldest frame first. For index ``i`` the n-step window is
+  slots ``i .. i + update_horizon - 1``, cut after its first terminal (length
+  ``L``): ``reward`` is ``sum_j gamma**j reward[i + j]`` over it (float32
+  discounts, summed in order), ``terminal`` says whether it holds a terminal,
+  and ``next_state``, ``next_action``, ``next_reward`` are those of slot
+  ``i + L``. ``indices`` is int32 and ``sampling_probabilities`` holds the raw
+  priorities (float32), which is what Dopamine puts under that name; divide
+  by ``sum_tree.root`` for probabilities.
+* **Priorities** are used as given (no exponent, no epsilon):
+  ``P(i) = p_i / sum_j p_j`` over the valid transitions, exactly as in
+  Dopamine, where the agent applies the exponent before ``set_priority``.
+  ``set_priority`` and ``get_priority`` take int32 index arrays, as in
+  Dopamine (the batch's ``indices`` are int32).
+
+The buffer is tested against a reference that restates Dopamine's NumPy
+code step by step, on random episodes that wrap the ring.
 
 Randomness
 ----------
 
 Dopamine's NumPy tree draws from Python's global ``random`` module. Here each
-tree draws from its own :class:`numpy.random.Generator`: pass ``rng=`` (a
-Generator, used as is and shared, or an int seed) for reproducible draws; the
-default ``None`` takes fresh OS entropy. The buffer passes its ``rng=`` to its
-tree and draws only from it. Neither touches ``random`` or ``numpy.random``'s
-global state. A call that raises leaves the generator where it was.
+tree draws from the source given as ``rng=``:
+
+* a :class:`numpy.random.Generator` (used as is and shared), an int seed, or
+  ``None`` (the default: fresh OS entropy). The draws differ from
+  Dopamine's; ``random`` and ``numpy.random``'s global state are untouched.
+* Python's ``random`` module itself (``rng=random``), Dopamine's source: the
+  tree then makes Dopamine's calls in Dopamine's order (one ``random()`` per
+  draw; ``random.uniform(lo, hi)`` per slice in ``stratified_sample``), so
+  after ``random.seed(s)`` it returns the indices Dopamine's tree returns on
+  the same values, and the buffer's ``sample_index_batch`` the indices
+  Dopamine's buffer returns, redraws of invalid indices included. A
+  :class:`random.Random` instance works the same way with its own state.
+
+The buffer passes its ``rng=`` to its tree and draws only from it. A call
+that raises leaves the source where it was (Python's ``random`` included).
 
 Errors
 ------
@@ -107,9 +142,9 @@ Differences from Dopamine
   (Dopamine's NumPy tree wraps negative indices, and both of its trees write
   padding leaves past ``capacity`` without a word);
   indices and values must have the same shape (scalars, or arrays of any
-  shape). Dopamine's int32-only check in ``set_priority`` / ``get_priority``
-  is relaxed to any integer dtype (the indices must still be a 1-D array, and
-  a scalar raises :class:`DopamineValueError` where Dopamine asserts).
+  shape). The buffer's ``set_priority`` / ``get_priority`` refuse indices
+  that are not an int32 array with :class:`DopamineTypeError` (Dopamine
+  asserts), and a scalar with :class:`DopamineValueError`.
 * **Return types.** ``sample`` returns a Python ``int``, ``stratified_sample``
   a list of ``int`` (as Dopamine); ``get`` a ``float`` for a scalar index and a
   float64 array shaped like the indices otherwise; ``query`` an ``int`` for a
@@ -127,10 +162,13 @@ Differences from Dopamine
 
 Differences in the buffer:
 
-* ``stack_size`` must be 1 and ``update_horizon`` must be 1: frame stacking and
-  Dopamine's sample-time n-step returns are not supported yet (both are
-  refused with a ``ValueError`` that says so). ``gamma`` is checked to lie in
-  ``[0, 1]`` and kept, but with ``update_horizon=1`` it never enters a reward.
+* ``gamma`` must lie in ``[0, 1]``. Rewards of ``reward_shape`` other than
+  ``()`` are discounted along the window (Dopamine multiplies the discount
+  vector into the reward's last axis, which fails or mixes dimensions when
+  ``update_horizon > 1``). The n-step sum is made in order, which is numpy's
+  order for ``update_horizon`` below 8; above, the last bits can differ.
+* A stacked observation given to ``add`` (shape ``(*observation_shape,
+  stack_size)``) is refused with a message that says one frame is expected.
 * ``add`` needs a priority, as Dopamine's prioritized buffer does: by keyword
   or as the last positional argument after the extras. Without one it raises
   ``ValueError("Add expects ...")`` like Dopamine; Dopamine's agents pass
@@ -143,21 +181,25 @@ Differences in the buffer:
   only ever valid indices: when the ``max_sample_attempts`` redraws (shared by
   the batch, as in Dopamine) run out, it raises ``RuntimeError`` where Dopamine
   can return a batch that still holds an invalid index. Redraws of invalid
-  indices are made from the whole tree and are not stratified, as in Dopamine.
-  An empty buffer raises :class:`fastper.EmptyBufferError`, one with fewer
-  than two transitions ``RuntimeError`` at once (no valid transition exists).
+  indices are made one at a time, in batch order, from the whole tree (not
+  stratified), as in Dopamine. An empty buffer raises
+  :class:`fastper.EmptyBufferError`, one with fewer than ``stack_size +
+  update_horizon`` slots written ``RuntimeError`` at once (no valid
+  transition exists).
 * ``sample_transition_batch(indices=...)`` checks the indices: each must be a
   valid transition (Dopamine reads whatever is there). With ``indices`` and no
-  ``batch_size``, the batch size is ``len(indices)``.
-* Validity, as in Dopamine with one-frame states and one-step returns: slot
-  ``i`` is valid when its successor has been written, it is neither the newest
-  slot nor (once the buffer is full) the slot at the cursor, and it is not the
-  end of an episode cut short (``episode_end=True`` with ``terminal`` false),
-  whose successor belongs to the next episode.
-* ``add_count`` is a read-only ``int`` (Dopamine: a 0-d numpy array).
-  ``save`` / ``load`` (Dopamine's gzip checkpoints) raise
-  ``NotImplementedError``; the in-graph ``WrappedPrioritizedReplayBuffer`` and
-  the TensorFlow ops are not provided.
+  ``batch_size``, the batch size is ``len(indices)``. ``get_observation_stack``
+  refuses a slot not written yet (Dopamine reads uninitialised memory).
+* ``add_count`` is a read-only ``int`` (Dopamine: a 0-d numpy array);
+  ``invalid_range`` and ``episode_end_indices`` are computed on access.
+* ``save(checkpoint_dir, iteration_number)`` / ``load(checkpoint_dir,
+  suffix)`` keep Dopamine's call shape but write one fastper checkpoint file
+  (pickle-free, checksummed, atomic: ``fastper_replay_ckpt.<n>.fpk``) instead
+  of Dopamine's gzip files with pickled attributes, which they neither write
+  nor read; ``save`` into a missing directory raises ``FileNotFoundError``
+  (Dopamine skips the save). ``state_dict`` / ``load_state_dict`` do the same
+  in memory. The in-graph ``WrappedPrioritizedReplayBuffer`` and the
+  TensorFlow ops are not provided.
 * Not thread-safe (neither is Dopamine's): share one object between threads
   only behind a lock.
 
@@ -168,14 +210,17 @@ Costs (N = capacity, B = batch size, d = values per transition)
   ``stratified_sample`` O(B log N), ``sample`` O(log N), ``root`` and
   ``max_recorded_priority`` O(1); ``clear``, ``nodes``, ``to_state_dict`` O(N);
   ``from_state_dict`` O(N log N) at worst. Logarithms are base 8.
-* Buffer: ``add`` O(log N + d); ``sample_index_batch`` O(B log N) plus
-  O(log N) per redraw; ``sample_transition_batch`` O(B (log N + d));
-  ``set_priority`` O(B log N); ``get_priority`` O(B).
+* Buffer (K = stack_size, n = update_horizon): ``add`` O(K (log N + d));
+  ``sample_index_batch`` O(B (log N + K + n)) plus O(log N + K + n) per
+  redraw; ``sample_transition_batch`` O(B (log N + K d + n)); ``set_priority``
+  O(B log N); ``get_priority`` O(B); ``save`` / ``load`` O(N d). With
+  ``rng=random``, each draw is one Python call (as in Dopamine).
 """
 
 from __future__ import annotations
 
-from .dopamine_replay import OutOfGraphPrioritizedReplayBuffer, ReplayElement
+from .dopamine_elements import ReplayElement
+from .dopamine_replay import OutOfGraphPrioritizedReplayBuffer
 from .dopamine_sum_tree import DopamineTypeError, DopamineValueError, SumTree
 from .dopamine_sum_tree import RngLike as RngLike  # the ``rng=`` argument's type
 

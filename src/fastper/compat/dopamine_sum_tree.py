@@ -13,7 +13,9 @@ and every difference from Dopamine.
 from __future__ import annotations
 
 import numbers
+import random
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,11 +27,17 @@ from ..trees import SumTree as _FastSumTree
 __all__ = [
     "DopamineTypeError",
     "DopamineValueError",
+    "DrawSource",
     "RngLike",
     "SumTree",
 ]
 
-RngLike = np.random.Generator | int | None
+#: What ``rng=`` takes: a numpy Generator, an int seed, ``None`` (fresh OS
+#: entropy), Python's ``random`` module or a ``random.Random`` instance.
+RngLike = np.random.Generator | random.Random | ModuleType | int | None
+#: Where the draws come from: a numpy Generator, or Python's ``random``
+#: (the module itself, whose global state Dopamine's NumPy tree uses, or an instance).
+DrawSource = np.random.Generator | random.Random | ModuleType
 
 _MAX_SHOW = 8
 
@@ -48,15 +56,16 @@ class DopamineTypeError(TypeError, AssertionError):
     """
 
 
-def _make_rng(rng: Any) -> np.random.Generator:
+def _make_rng(rng: Any) -> DrawSource:
     if rng is None:
         return np.random.default_rng()
-    if isinstance(rng, np.random.Generator):
+    if isinstance(rng, np.random.Generator | random.Random) or rng is random:
         return rng
     if isinstance(rng, numbers.Integral) and not isinstance(rng, bool) and int(rng) >= 0:
         return np.random.default_rng(int(rng))
     raise TypeError(
-        f"`rng` must be a numpy Generator, a non-negative int seed or None, got rng={show(rng)}"
+        "`rng` must be a numpy Generator, a non-negative int seed, None, Python's `random` "
+        f"module or a random.Random instance, got rng={show(rng)}"
     )
 
 
@@ -104,9 +113,12 @@ class SumTree:
 
     Args:
         capacity: number of leaves, an integer >= 1.
-        rng: generator for ``sample`` / ``stratified_sample``: a
+        rng: where ``sample`` / ``stratified_sample`` draw from: a
             :class:`numpy.random.Generator` (used as is), an int seed, or
-            ``None`` for fresh OS entropy.
+            ``None`` for fresh OS entropy; or Python's ``random`` module
+            (Dopamine's source: ``random.seed(s)`` then gives the indices
+            Dopamine's NumPy tree gives on the same values) or a
+            :class:`random.Random` instance, drawn from as Dopamine draws.
 
     Raises:
         DopamineTypeError: ``capacity`` is not an integer.
@@ -115,7 +127,7 @@ class SumTree:
     """
 
     _capacity: int
-    _rng: np.random.Generator
+    _rng: DrawSource
     _tree: _FastSumTree
     _max_recorded: float
     _levels: int
@@ -144,9 +156,39 @@ class SumTree:
         return self._capacity
 
     @property
-    def rng(self) -> np.random.Generator:
-        """The generator ``sample`` and ``stratified_sample`` draw from."""
+    def rng(self) -> DrawSource:
+        """What ``sample`` and ``stratified_sample`` draw from (the ``rng`` given, or its Generator)."""
         return self._rng
+
+    def uniforms(self, n: int) -> np.ndarray:
+        """``n`` uniform draws in ``[0, 1)`` from :attr:`rng`, as float64. O(n).
+
+        From Python's ``random``, one ``random()`` call per draw, in order
+        (the calls Dopamine makes); from a numpy Generator, one ``random(n)``.
+
+        Raises:
+            TypeError, ValueError: ``n`` is not an integer >= 0.
+        """
+        n = check_int("n", n, minimum=0)
+        src = self._rng
+        if isinstance(src, np.random.Generator):
+            return src.random(n)
+        return np.fromiter((src.random() for _ in range(n)), dtype=np.float64, count=n)
+
+    def rng_state(self) -> Any:
+        """A snapshot of :attr:`rng`'s state, for :meth:`set_rng_state`. O(1) (Python's: O(625))."""
+        src = self._rng
+        if isinstance(src, np.random.Generator):
+            return src.bit_generator.state
+        return src.getstate()
+
+    def set_rng_state(self, state: Any) -> None:
+        """Put :attr:`rng` back to a state from :meth:`rng_state` (undoes draws)."""
+        src = self._rng
+        if isinstance(src, np.random.Generator):
+            src.bit_generator.state = state
+        else:
+            src.setstate(state)
 
     @property
     def root(self) -> float:
@@ -320,7 +362,7 @@ class SumTree:
         """
         root = self.nonempty_root()
         if query_value is None:
-            q = float(self._rng.random())
+            q = float(self.uniforms(1)[0])
         else:
             if isinstance(query_value, bool) or not isinstance(query_value, numbers.Real):
                 raise TypeError(
@@ -425,8 +467,9 @@ class SumTree:
         n = check_int("batch_size", batch_size, minimum=0)
         if n == 0:
             return np.empty(0, dtype=np.int64)
+        # Dopamine's arithmetic: random.uniform(lo, hi) is lo + (hi - lo) * random()
         edges = np.linspace(0.0, 1.0, n + 1)
-        q = edges[:-1] + (edges[1:] - edges[:-1]) * self._rng.random(n)
+        q = edges[:-1] + (edges[1:] - edges[:-1]) * self.uniforms(n)
         np.minimum(q, 1.0, out=q)
         return np.asarray(self._tree.find(q * root), dtype=np.int64)
 
@@ -442,4 +485,4 @@ class SumTree:
         """
         root = self.nonempty_root()
         n = check_int("batch_size", batch_size, minimum=0)
-        return np.asarray(self._tree.find(self._rng.random(n) * root), dtype=np.int64)
+        return np.asarray(self._tree.find(self.uniforms(n) * root), dtype=np.int64)

@@ -16,6 +16,14 @@ shapes, dtypes and device, plus ``weights`` (IS weights, float32, shape
 target) ** 2`` never broadcasts to ``(B, B)``), and ``indices`` / ``keys``
 (numpy int64) for :meth:`PrioritizedReplayBuffer.update_priorities`.
 
+SB3's public arrays (``observations``, ``next_observations``, ``actions``,
+``rewards``, ``dones``, ``timeouts``; ``{key: array}`` observations for Dict
+spaces) are views of the fastper storage with SB3's shapes ``(buffer_size,
+n_envs, *shape)`` and dtypes, and ``pos`` / ``full`` are settable: rows
+written through the arrays are admitted to the index when ``pos`` / ``full``
+say they are stored, SB3's way to load offline data. One-step buffers only:
+an n-step buffer stores n-step transitions, not SB3's rows.
+
 beta lives in the fastper buffer: ``sample`` uses the fastper buffer's beta
 schedule at its step (the count of ``sample`` calls), and setting
 :attr:`PrioritizedReplayBuffer.beta` (as the PER algorithms do while they
@@ -38,6 +46,7 @@ import math
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -97,8 +106,8 @@ class PrioritizedReplayBufferSamples(NamedTuple):
         discounts: ``None`` for one-step buffers; with ``n_steps > 1`` a ``(B, 1)``
             float32 tensor, ``gamma^m`` for an m-step window (0 after a
             termination, where ``dones`` is 1 anyway).
-        weights: ``(B, 1)`` float32 importance-sampling weights, largest over
-            the whole buffer = 1 (see fastper's ``weight_norm``).
+        weights: ``(B, 1)`` float32 importance-sampling weights, the
+            largest in the batch = 1 by default (the buffer's ``weight_norm``).
         indices: ``(B,)`` int64 numpy array of the slots drawn.
         keys: ``(B,)`` int64 numpy array: the insertion counter of each slot's
             occupant; pass it to ``update_priorities`` to drop stale updates.
@@ -180,6 +189,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             buffer's beta schedule, the one source of the beta ``sample`` uses.
         eps: added to |td| so that no priority is zero (default 1e-6).
         clip: optional cap on |td| before ``eps``.
+        weight_norm: what the IS weights are divided by so that the largest
+            is 1: ``"batch"`` (default: the largest weight in the batch),
+            ``"buffer"`` (the largest over the whole buffer, as in the PER
+            paper) or ``"none"``. The default differs from fastper's own
+            buffers (``"buffer"``): the buffer-wide largest weight belongs to
+            the transition of smallest priority; at beta = 1 it is
+            ``(p_typical / p_min) ** alpha`` times a typical weight (about
+            4,000 for p_min = eps = 1e-6, |td| near 1, alpha 0.6), and every
+            batch's loss shrinks by that factor. With SB3's default DQN
+            hyper-parameters PERDQN then learned far less than SB3's DQN,
+            and with ``"batch"`` about as well (the SB3 results page).
         scheme: ``"proportional"`` (default), ``"rank"`` or ``"uniform"``
             (uniform draws, weights 1: SB3's buffer, plus priorities kept).
         n_steps, gamma: n-step returns, computed as transitions arrive, per
@@ -189,21 +209,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             global generator, which SB3 seeds from the algorithm's ``seed``,
             so seeded runs are reproducible.
         **fastper_kwargs: passed to the fastper buffer (``max_priority``,
-            ``weight_norm``, ``stratified``, ``priority_noise``,
-            ``sort_every``, ...).
+            ``stratified``, ``priority_noise``, ``sort_every``, ...).
 
     Costs: ``add`` is O(n_envs log N) (one vectorised fastper add, plus SB3's
     scan of ``infos`` for time limits); ``sample`` O(B log N) plus the gather
-    and the copy to ``device``; ``update_priorities`` O(B log N). Memory: the
-    stored fields (observations twice, as SB3 without
-    ``optimize_memory_usage``; actions; float32 reward; two bool flags instead
-    of SB3's float32 done and timeout) plus about 18 bytes per slot of
+    and the copy to ``device``; ``update_priorities`` O(B log N). Memory:
+    SB3's arrays (observations twice, as SB3 without
+    ``optimize_memory_usage``; actions; float32 reward, done and timeout;
+    n-step buffers: two bool flags, terminated and truncated, and a float32
+    discount instead of done and timeout) plus about 18 bytes per slot of
     priorities and trees (rank-based: see ``fastper.samplers.RankSampler``).
 
     Raises:
         ValueError: ``optimize_memory_usage=True``, a Dict observation space
-            (use :class:`DictPrioritizedReplayBuffer`), an unknown ``scheme``,
-            bad fastper arguments.
+            (use :class:`DictPrioritizedReplayBuffer`), an unknown ``scheme``
+            or ``weight_norm``, bad fastper arguments.
         TypeError: an argument this class sets itself (``capacity``,
             ``fields``, ``n_envs``...) or an unknown keyword.
     """
@@ -227,6 +247,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: _sched.ScheduleLike | None = None,
         eps: float = 1e-6,
         clip: float | None = None,
+        weight_norm: str = "batch",
         scheme: str = "proportional",
         n_steps: int = 1,
         gamma: float = 0.99,
@@ -297,8 +318,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         fields["action"] = Field((self.action_dim,), np.dtype(action_dtype))
         fields["reward"] = Field((), np.dtype(np.float32))
         fields.update({f"next_obs{s}": f for s, f in obs_fields.items()})
-        fields["terminated"] = Field((), np.dtype(np.bool_))
-        fields["truncated"] = Field((), np.dtype(np.bool_))
+        if n_steps == 1:
+            # SB3's own columns: the raw done flag and the time-limit flag, float32
+            # (so that `dones` / `timeouts` are views of them, in SB3's dtype)
+            fields["done"] = Field((), np.dtype(np.float32))
+            fields["timeout"] = Field((), np.dtype(np.float32))
+        else:
+            # the n-step windows end on a termination and bootstrap after a truncation
+            fields["terminated"] = Field((), np.dtype(np.bool_))
+            fields["truncated"] = Field((), np.dtype(np.bool_))
         self._fields = fields
 
         if seed is None:
@@ -309,7 +337,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         )
         self._buffer: Any = SCHEMES[scheme](
             self.buffer_size * n_envs, fields, alpha=alpha, beta=beta, eps=eps, clip=clip,
-            seed=seed, **nstep_args, **fastper_kwargs,
+            seed=seed, **nstep_args, **self._norm_arg(scheme, weight_norm), **fastper_kwargs,
         )  # fmt: skip
         schedule = _sched.as_schedule("beta", self._buffer.beta if beta is None else beta)
         self._beta_given: Any = schedule  # what `beta = None` goes back to
@@ -328,6 +356,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._action_rows = (n_envs, self.action_dim)
         self._n_rows = (n_envs,)
 
+    @staticmethod
+    def _norm_arg(scheme: str, weight_norm: str) -> dict[str, str]:
+        """``weight_norm`` for the fastper buffer (the uniform one has no IS weights)."""
+        if weight_norm not in ("batch", "buffer", "none"):
+            raise ValueError(
+                "`weight_norm` must be one of ['batch', 'buffer', 'none'], got "
+                f"weight_norm={weight_norm!r}"
+            )
+        return {} if scheme == "uniform" else {"weight_norm": weight_norm}
+
     # -- the ring, as SB3 sees it --------------------------------------------------
     @property
     def fastper_buffer(self) -> Any:
@@ -344,20 +382,198 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self._buffer.cursor
 
     @property
-    def pos(self) -> int:  # type: ignore[override]  # read-only: derived from the ring
+    def pos(self) -> int:
         """The next row (one slot per env) written: ``cursor // n_envs``, as SB3's ``pos``. O(1).
 
         One-step buffers write one row per ``add``, exactly as SB3 does; with
         n-step windows an ``add`` writes the transitions it completes, so
         ``pos`` follows the stored transitions, not the ``add`` calls.
-        Read-only: the fastper ring is the one source of truth.
+
+        Settable (one-step buffers), as SB3's attribute is, to load rows
+        written straight into the public arrays (:attr:`observations`...):
+        rows ``0 .. pos - 1`` (every row once :attr:`full`) are then stored,
+        and the rows this admits get the new-transition priority
+        (``max_priority``) and new keys, as if ``add`` had written them.
+        Moving ``pos`` forward on a buffer that is not full admits only the
+        rows passed, O(k log N), and keeps every other priority; becoming
+        full admits every row not yet stored, then rows ``0 .. pos - 1``
+        again (the ring passes them to stop at ``pos``); on a full buffer,
+        moving ``pos`` forward re-admits the rows passed; any other change
+        (``pos`` moved back, ``full = False``) drops every priority and
+        admits the rows kept, O(N log N).
+
+        Raises:
+            ValueError: ``pos`` outside ``[0, buffer_size)``, or an n-step buffer.
         """
         return self._cursor() // self.n_envs
 
+    @pos.setter
+    def pos(self, value: int) -> None:
+        self._move_ring(value, self.full)
+
     @property
-    def full(self) -> bool:  # type: ignore[override]  # read-only: derived from the ring
-        """Whether every slot holds a transition. O(1). Read-only."""
+    def full(self) -> bool:
+        """Whether every slot holds a transition. O(1).
+
+        Settable (one-step buffers), as SB3's attribute is: ``full = True``
+        admits every row (at the new-transition priority), ``full = False``
+        keeps only rows ``0 .. pos - 1``.
+        """
         return len(self._buffer) == self._buffer.capacity
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        self._move_ring(self.pos, value)
+
+    def _move_ring(self, pos: Any, full: Any) -> None:
+        """Make the stored rows SB3's ``[0, pos)`` (every row if ``full``), next row ``pos``.
+
+        Checks everything first: a refused value changes nothing.
+        """
+        self._refuse_nstep_arrays("setting `pos` / `full`")
+        if isinstance(full, np.bool_) or type(full) is bool:
+            full = bool(full)
+        else:
+            raise TypeError(f"`full` must be a bool, got {full!r} ({type(full).__name__})")
+        n_rows = self.buffer_size
+        pos = check_int("pos", pos, minimum=0)
+        if pos >= n_rows:
+            raise ValueError(
+                f"`pos` must be in [0, buffer_size) = [0, {n_rows}) (rows of n_envs={self.n_envs} "
+                f"slots), got pos={pos}; to mark every row as stored set `full = True`"
+            )
+        fb = self._buffer
+        cap, e = fb.capacity, self.n_envs
+        old_pos, old_full = self.pos, self.full
+        if (pos, full) == (old_pos, old_full):
+            return
+        if not old_full and not full and pos > old_pos:
+            fb.adopt((pos - old_pos) * e)
+        elif not old_full and full:
+            fb.adopt(cap - old_pos * e)  # every row stored, the ring back at row 0
+            fb.adopt(pos * e)
+        elif old_full and full:
+            fb.adopt(((pos - old_pos) * e) % cap)
+        else:  # fewer rows stored than now
+            fb.clear()
+            fb.adopt(pos * e)
+
+    # -- SB3's public arrays: views of the fastper storage -------------------------
+    def _column(self, name: str) -> np.ndarray:
+        """Field ``name`` of the storage as SB3 lays it out: ``(buffer_size, n_envs, *shape)``, a view."""
+        self._refuse_nstep_arrays(f"the public array for {name!r}")
+        columns = getattr(self._buffer.storage, "columns", None)
+        if columns is None:
+            raise TypeError(
+                f"the public arrays need fastper's in-memory storage, got "
+                f"{type(self._buffer.storage).__name__}"
+            )
+        col = columns[name]
+        view = col.reshape(self.buffer_size, self.n_envs, *col.shape[1:])
+        assert np.shares_memory(view, col)
+        return view
+
+    def _set_column(self, name: str, value: Any) -> None:
+        view = self._column(name)
+        arr = np.asarray(value)
+        if arr.shape != view.shape:
+            raise ValueError(
+                f"`{name}` must have shape {view.shape} (buffer_size, n_envs, *shape) as SB3's "
+                f"array, got {arr.shape}; or write into it: buffer.<array>[:n] = rows"
+            )
+        if not np.can_cast(arr.dtype, view.dtype, casting="same_kind"):
+            raise TypeError(f"`{name}` holds {view.dtype}, got an array of {arr.dtype}")
+        view[...] = arr
+
+    def _refuse_nstep_arrays(self, what: str) -> None:
+        if self.n_steps > 1:
+            raise ValueError(
+                f"{what} needs a one-step buffer (n_steps=1), got n_steps={self.n_steps}: an "
+                "n-step buffer stores n-step transitions (discounted returns, the observation "
+                "n steps on, a discount), not SB3's one-step rows. Read them with "
+                "buffer.fastper_buffer (its storage and sample), or build the buffer with "
+                "n_steps=1 to load rows through the arrays"
+            )
+
+    def _obs_view(self, prefix: str) -> Any:
+        if not self._dict_obs:
+            return self._column(prefix)
+        return {str(key): self._column(prefix + suffix) for suffix, key, _ in self._obs_parts}
+
+    def _set_obs(self, prefix: str, value: Any) -> None:
+        if not self._dict_obs:
+            self._set_column(prefix, value)
+            return
+        keys = [str(key) for _, key, _ in self._obs_parts]
+        if not isinstance(value, Mapping) or sorted(value) != sorted(keys):
+            raise ValueError(f"`observations` of a Dict space must be a dict with keys {keys}")
+        for suffix, key, _ in self._obs_parts:
+            self._set_column(prefix + suffix, value[str(key)])
+
+    @property
+    def observations(self) -> Any:
+        """SB3's ``observations``: ``(buffer_size, n_envs, *obs_shape)``, a view of the storage.
+
+        Dict spaces: ``{key: array}``. Writes go to the stored rows (admit new
+        rows by setting :attr:`pos` / :attr:`full`). One-step buffers only.
+        """
+        return self._obs_view("obs")
+
+    @observations.setter
+    def observations(self, value: Any) -> None:
+        self._set_obs("obs", value)
+
+    @property
+    def next_observations(self) -> Any:
+        """SB3's ``next_observations``, as :attr:`observations`: a view of the storage."""
+        return self._obs_view("next_obs")
+
+    @next_observations.setter
+    def next_observations(self, value: Any) -> None:
+        self._set_obs("next_obs", value)
+
+    @property
+    def actions(self) -> np.ndarray:
+        """SB3's ``actions``: ``(buffer_size, n_envs, action_dim)`` (float64 stored as float32), a view."""
+        return self._column("action")
+
+    @actions.setter
+    def actions(self, value: Any) -> None:
+        self._set_column("action", value)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """SB3's ``rewards``: ``(buffer_size, n_envs)`` float32, a view of the storage."""
+        return self._column("reward")
+
+    @rewards.setter
+    def rewards(self, value: Any) -> None:
+        self._set_column("reward", value)
+
+    @property
+    def dones(self) -> np.ndarray:
+        """SB3's ``dones``: ``(buffer_size, n_envs)`` float32, 1 at an episode end, a view.
+
+        As in SB3, a time-limit end is 1 here and 1 in :attr:`timeouts`:
+        samples report ``dones * (1 - timeouts)``.
+        """
+        return self._column("done")
+
+    @dones.setter
+    def dones(self, value: Any) -> None:
+        self._set_column("done", value)
+
+    @property
+    def timeouts(self) -> np.ndarray:
+        """SB3's ``timeouts``: ``(buffer_size, n_envs)`` float32, 1 at a time-limit end, a view.
+
+        Written by ``add`` only with ``handle_timeout_termination`` (else 0), as in SB3.
+        """
+        return self._column("timeout")
+
+    @timeouts.setter
+    def timeouts(self, value: Any) -> None:
+        self._set_column("timeout", value)
 
     @property
     def beta(self) -> float:
@@ -412,8 +628,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if done_arr.dtype != np.bool_:
             done_arr = done_arr != 0
         timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
-        row["terminated"] = done_arr & ~timeouts
-        row["truncated"] = done_arr & timeouts
+        if self.n_steps == 1:
+            row["done"] = done_arr
+            row["timeout"] = timeouts
+        else:
+            row["terminated"] = done_arr & ~timeouts
+            row["truncated"] = done_arr & timeouts
         self._buffer.add(row)
 
     def _timeouts(self, infos: list[dict[str, Any]]) -> np.ndarray:
@@ -454,11 +674,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         discounts = None
         if self.n_steps > 1:
             discounts = self._tensor(data["discount"].reshape(-1, 1))
+            dones = data["terminated"].astype(np.float32)
+        else:
+            dones = data["done"] * (1 - data["timeout"])  # as SB3: a time limit bootstraps
         return self._samples_type()(
             obs,
             self._tensor(data["action"]),
             next_obs,
-            self._tensor(data["terminated"].astype(np.float32).reshape(-1, 1)),
+            self._tensor(dones.reshape(-1, 1)),
             self._tensor(rewards),
             discounts,
             self._tensor(batch.weights.astype(np.float32).reshape(-1, 1)),
@@ -631,13 +854,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         }
         differ = [k for k in mine if mine[k] != theirs[k]]
         if differ:
+            old_flags = "terminated" in theirs["fields"] and "done" in mine["fields"]
             raise ValueError(
                 f"replay buffer file {str(path)!r} does not fit this buffer: "
                 + "; ".join(f"{k}={theirs[k]!r} in the file, {mine[k]!r} here" for k in differ)
                 + " (same spaces, buffer_size * n_envs and (n_steps, n_envs) needed)"
+                + (
+                    ". The file stores one-step transitions with terminated / truncated "
+                    "flags (fastper 0.6 and older); one-step buffers now store SB3's done / "
+                    "timeout columns: read the file's rows with fastper.load(path)"
+                    if old_flags
+                    else ""
+                )
             )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
+        _drop_sb3_pickle_file()
         raise TypeError(
             f"{type(self).__name__} (fastper.compat.sb3) is not picklable: it is saved in "
             "fastper's pickle-free checkpoint format instead. With PERDQN / PERSAC / PERTD3 "
@@ -669,6 +901,39 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer, DictReplayBuffer):
     ) -> DictPrioritizedReplayBufferSamples:
         """Draw ``batch_size`` transitions by priority (see :meth:`PrioritizedReplayBuffer.sample`). O(B log N)."""
         return super().sample(batch_size, env)  # type: ignore[return-value]
+
+
+def _drop_sb3_pickle_file() -> None:
+    """Remove the empty file SB3's ``save_to_pkl`` opened for this refused buffer, if any.
+
+    SB3's ``model.save_replay_buffer(path)`` opens ``path`` (adding ``.pkl``)
+    before pickling the buffer, which refuses: without this the refusal
+    leaves an empty file behind. Only a file that SB3 opened from a path
+    itself and that is still empty is removed; a file object the caller
+    passed is theirs and left alone.
+    """
+    from stable_baselines3.common import save_util
+
+    frame = sys._getframe(1)
+    for _ in range(4):  # pickle.dump calls __reduce_ex__ from C: save_to_pkl is next
+        if frame is None:
+            return
+        if frame.f_code is save_util.save_to_pkl.__code__:
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    else:
+        return
+    given, file = frame.f_locals.get("path"), frame.f_locals.get("file")
+    name = getattr(file, "name", None)
+    if not isinstance(given, (str, os.PathLike)) or not isinstance(name, str):
+        return
+    try:
+        if os.fstat(file.fileno()).st_size != 0:  # type: ignore[union-attr]
+            return
+        file.close()  # type: ignore[union-attr]
+        os.unlink(name)
+    except (OSError, ValueError):  # pragma: no cover - already closed or removed
+        return
 
 
 def _numpy(value: Any) -> Any:

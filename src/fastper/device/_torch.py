@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
+from ..errors import require
+
+if TYPE_CHECKING:
     import torch
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "fastper.device needs PyTorch (>= 2.1): pip install 'fastper[torch]' "
-        "(or install torch for your CUDA version first, see pytorch.org)"
-    ) from exc
+else:
+    # one line if missing: fastper.device needs the torch extra (...): pip install
+    # "fastper[torch]" (for a GPU, first the torch build for your CUDA, see pytorch.org)
+    torch = require("torch", "fastper.device")
 
 __all__ = ["check_device", "torch"]
 

@@ -2,7 +2,7 @@
 
 :class:`DevicePrioritizedReplayBuffer` (proportional) and
 :class:`DeviceReplayBuffer` (uniform) follow the CPU buffers' decisions (see
-the README, "Decisions"): float64 trees that never drift, new transitions at
+``docs/concepts.md``): float64 trees that never drift, new transitions at
 the largest priority ever recorded, stratified draws handed back in random
 order, IS weights normalised buffer-wide by default, keys that make updates
 of overwritten slots drop, last duplicate wins, a call that raises changes
@@ -24,12 +24,15 @@ is kept on the host. Where a check of the *values* would need a sync, the
   total back to refuse an all-zero buffer. An ``add`` of a tensor whose dtype
   narrows to its field's (float64 into float32, int64 into int32) reads one
   flag back too, and refuses a value the cast would change as the CPU
-  buffers do (see :mod:`fastper.device.storage`).
+  buffers do (see :mod:`fastper.device.storage`). An ``add`` of a float
+  reward tensor reads one flag back and refuses a NaN or inf reward, as the
+  CPU buffers do (``allow_nonfinite_rewards=True`` stores them, unread).
 * ``validate=False`` (the sync-free fast path): nothing is read back. Bad
   entries of an update are dropped and counted in :attr:`invalid_updates`
   (they never reach the tree); bad explicit priorities of an ``add`` are
   replaced by the new-transition priority and counted; a narrowing cast is
-  torch's, unchecked.
+  torch's, unchecked; rewards given as tensors are stored unchecked (host
+  arrays are still checked on the host).
 
 Tensors that track gradients (a loss as td errors, rows computed by a model)
 are used detached: the buffer never holds an autograd graph. A ``device``
@@ -72,6 +75,7 @@ from .._validation import (
     as_1d,
     as_index_array,
     as_value_array,
+    check_finite_rewards,
     check_int,
     check_real,
     check_row_ids,
@@ -192,6 +196,7 @@ class _DeviceBuffer(BufferCore):
         seed: int | None = None,
         validate: bool = True,
         backend: str | None = None,
+        allow_nonfinite_rewards: bool = False,
     ) -> None:
         self._device = check_device(device)
         stored, alpha0 = self._configure(
@@ -200,6 +205,7 @@ class _DeviceBuffer(BufferCore):
             shuffle=shuffle, weight_norm=weight_norm, norms=NORMS, alpha_every=alpha_every,
             priority_noise=priority_noise, n_step=n_step, gamma=gamma, n_envs=n_envs,
             autoreset=autoreset, nstep_keys=nstep_keys, seed=seed,
+            allow_nonfinite_rewards=allow_nonfinite_rewards,
         )  # fmt: skip
         self._validate = check_flag("validate", validate)
         seed = self._seed
@@ -316,6 +322,25 @@ class _DeviceBuffer(BufferCore):
         reports it. O(B); syncs to check the indices."""
         return self._index.probabilities(self._slots(indices), len(self))
 
+    @locked
+    def get(self, indices: Any) -> dict[str, torch.Tensor]:
+        """The rows stored in slots ``indices``, read without sampling. O(B); syncs to check.
+
+        Returns the fields a :class:`DeviceBatch` holds for the same slots
+        (``batch.data``: every stored field, ``discount`` with n-step
+        returns), new tensors on the device with a leading dimension of
+        ``len(indices)`` (a single index gives one row). Slots are ring
+        positions, as in ``batch.indices``; :meth:`keys` gives the transition
+        each holds. Draws nothing and changes nothing (generator, step and
+        priorities stay as they were).
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)`` or a slot never
+                written (the CPU buffers' check, on the host).
+            TypeError, ValueError: indices that are not integers, or not 1-D.
+        """
+        return self._storage.gather(self._slots(indices))
+
     # -- schedules ---------------------------------------------------------------------
     def _apply_alpha(self, alpha: float) -> None:
         index = self._index
@@ -367,6 +392,7 @@ class _DeviceBuffer(BufferCore):
             self._refuse_priorities_with_windows(priorities)
             # the windows are kept on the host: tensors are read there (detached)
             batch, k = coerce_batch(nstep.fields, transition, None)
+            self._check_rewards(batch)
             plan = self._plan_windows(batch, k, env_ids)
             m = plan.count
             if m == 0:
@@ -377,6 +403,8 @@ class _DeviceBuffer(BufferCore):
             nstep.commit(plan)
             return slots
         prepared, k = self._storage.prepare(transition)
+        if self._reward_check is not None:
+            self._check_device_rewards(prepared)
         check_row_ids(env_ids, k)
         if priorities is None:
             return self._write(prepared, k, None)
@@ -393,6 +421,18 @@ class _DeviceBuffer(BufferCore):
         if invalid is not None:
             self._invalid += invalid
         return slots
+
+    def _check_device_rewards(self, prepared: Mapping[str, Any]) -> None:
+        """Refuse NaN / inf rewards: host arrays on the host; a tensor with one flag read
+        back (``validate=True``), unread with ``validate=False``. Changes nothing."""
+        field = self._reward_check
+        assert field is not None
+        rewards = prepared[field]
+        if not isinstance(rewards, torch.Tensor):
+            self._check_rewards(prepared)
+        elif self._validate and rewards.is_floating_point():
+            if not bool(torch.isfinite(rewards).all()):  # the one read-back
+                check_finite_rewards(field, rewards.detach().to(torch.float64).cpu().numpy())
 
     def _checked_add_priorities(
         self, p: torch.Tensor

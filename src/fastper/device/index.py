@@ -10,7 +10,7 @@
   the kernels do it in two calls.
 
 Both draw the same targets from the same uniforms (the buffer's torch
-generator) and apply the README's decisions, with the rules every front end
+generator) and apply the decisions of ``docs/concepts.md``, with the rules every front end
 shares (:mod:`fastper.policy`: stratified targets, P(i), IS weights). They
 differ in the tree's fan-out (64 vs 8), so the leaf found for a target
 differs only for targets within rounding of a boundary between two leaves,

@@ -63,6 +63,7 @@ from .._validation import (
     unwrap_batch,
 )
 from ..batch import SampleBatch, check_batch_size
+from ..checkpoint import make_parent
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
 from ..policy import NORMS
 from .plan import ShardView, Split, combine_weights, rendezvous, split_points
@@ -462,6 +463,57 @@ class ShardedReplayBuffer:
     def _split_indices(self, idx: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._offsets, idx, side="right") - 1
 
+    def get(self, indices: Any) -> dict[str, np.ndarray]:
+        """The rows stored at global ``indices``, read without sampling. O(B) here, one
+        parallel round trip to the shards that hold them.
+
+        Returns the fields a :class:`SampleBatch` of this buffer holds, in the
+        order of ``indices``, each with a leading dimension of ``len(indices)``.
+        Draws nothing and changes nothing (updates in flight are collected
+        first, as by every call).
+
+        Raises:
+            InvalidIndexError: an index outside ``[0, capacity)``, on a lost
+                shard, or a slot its shard has not written or made invalid
+                (the message names the global indices).
+            ShardLostError: a shard was lost during the call (after the loss
+                policy ran: call again).
+        """
+        idx = as_index_array("indices", indices, self.capacity)
+        owner = self._split_indices(idx)
+        lost = np.isin(owner, self._lost) if self._lost else np.zeros(idx.shape[0], dtype=bool)
+        if lost.any():
+            raise InvalidIndexError(
+                f"`indices` must name slots of live shards, got indices={show(idx[lost][:8])} "
+                f"on lost shards {sorted(set(owner[lost].tolist()))}"
+            )
+        slots = idx - self._offsets[owner]
+        # no index: one live shard's empty rows give the fields' shapes and dtypes
+        shards = np.unique(owner).tolist() if idx.shape[0] else self._live()[:1]
+        picks = [np.flatnonzero(owner == s) for s in shards]
+        try:
+            parts = self._call_all(
+                [(s, "get", (slots[p],)) for s, p in zip(shards, picks, strict=True)]
+            )
+        except InvalidIndexError as exc:  # the shard names its own slots: say how they map
+            raise InvalidIndexError(
+                f"`indices` must name written, valid slots of their shards; a shard refused "
+                f"some of indices={show(idx[:8])}. In its words (slots counted from 0 within "
+                f"the shard; global index = shard offset + slot, offsets "
+                f"{self._offsets[:-1].tolist()}): {exc}"
+            ) from None
+        except ShardLostError as exc:
+            self._on_loss(exc)
+            raise
+        out: dict[str, np.ndarray] = {}
+        for name in parts[0] if parts else ():
+            first = np.asarray(parts[0][name])
+            column = np.empty((idx.shape[0], *first.shape[1:]), dtype=first.dtype)
+            for p, part in zip(picks, parts, strict=True):
+                column[p] = part[name]
+            out[name] = column
+        return out
+
     def update_priorities(
         self, indices: Any, td_errors: Any, keys: Any = None, *, wait: bool = False
     ) -> int:
@@ -602,6 +654,7 @@ class ShardedReplayBuffer:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Checkpoint every live shard and write the manifest that ties them together.
 
+        ``directory`` is created (with its parents) if missing.
         Each shard saves itself to ``shard-<s>.fpk`` (fastper's pickle-free
         format, atomic) in parallel; the manifest (``manifest.json``, written
         last and atomically) lists them with the views they saved and the
@@ -612,10 +665,12 @@ class ShardedReplayBuffer:
         that). Returns the manifest's path.
         """
         d = Path(directory)
-        if not d.is_dir():
-            raise FileNotFoundError(
-                f"`directory` must be an existing directory, got {str(d)!r}; create it first"
+        if d.exists() and not d.is_dir():
+            raise FileExistsError(
+                f"`directory` must be a folder (it is created if missing), got {str(d)!r}, "
+                "which is a file"
             )
+        make_parent(d / MANIFEST)  # the folder and its parents, if missing
         self._harvest()
         live = self._live()
         paths = {s: str((d / f"shard-{s}.fpk").absolute()) for s in live}

@@ -24,7 +24,7 @@ Pieces:
 Checkpoints are always fastper files written by the shards themselves (on
 their own machine: give ``save`` a directory every shard can reach, e.g. a
 shared file system). Ray moves call arguments and replies with pickle: run the
-cluster where only you can reach it (see the README's security note).
+cluster where only you can reach it (see "Who may connect" in ``docs/guides/ray.md``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from .transport import ShardLostError
 
 __all__ = [
     "RateLimitedSharded",
+    "SHARD_CPUS",
+    "START_TIMEOUT",
     "RateLimiterActor",
     "RayTransport",
     "ShardHost",
@@ -62,6 +64,14 @@ __all__ = [
 ]
 
 _PLACEMENTS = ("spread", "local")
+
+#: CPUs Ray reserves for each shard actor by default: a fraction, so that 8
+#: shards fit a 2-CPU machine (a shard mostly waits for calls; Ray does not
+#: cap an actor's use at its reservation)
+SHARD_CPUS = 0.25
+#: seconds :func:`ray_shards` and :func:`load_on_ray` wait for their actors to be
+#: scheduled and answer by default, before they say what could not be scheduled
+START_TIMEOUT = 120.0
 
 
 # -- the actor body ---------------------------------------------------------------
@@ -361,6 +371,57 @@ def _start(n: int, opts: Mapping[str, Any]) -> list[Any]:
     return [cls.options(**opts).remote() for _ in range(n)]
 
 
+def _asked(opts: Mapping[str, Any]) -> dict[str, float]:
+    """The resources one actor started with ``opts`` asks Ray for."""
+    asked = {"CPU": float(opts.get("num_cpus", 1.0) or 0.0)}
+    if opts.get("num_gpus"):
+        asked["GPU"] = float(opts["num_gpus"])
+    if opts.get("memory"):
+        asked["memory"] = float(opts["memory"])
+    for name, amount in dict(opts.get("resources") or {}).items():
+        asked[str(name)] = float(amount)
+    return asked
+
+
+def _short(resources: Mapping[str, Any], names: Sequence[str]) -> str:
+    return ", ".join(f"{k}={float(resources.get(k, 0.0)):g}" for k in names)
+
+
+def _await_start(
+    t: RayTransport, calls: Sequence[_Call], opts: Mapping[str, Any], timeout: float | None
+) -> list[Any]:
+    """The replies of the first calls to new shard actors, waiting at most ``timeout``
+    seconds for them to be scheduled and answer; else a TimeoutError naming the shards
+    not up and the resources asked against those the cluster has (the actors are
+    left to the caller to kill)."""
+    ray = require_ray()
+    if timeout is not None:
+        refs = [c.ref for c in calls]
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+        if waiting:
+            late = {id(r) for r in waiting}
+            shards = [c.shard for c in calls if id(c.ref) in late]
+            asked = _asked(opts)
+            names = list(asked)
+            try:
+                total, free = ray.cluster_resources(), ray.available_resources()
+                have = (
+                    f"the cluster has {_short(total, names)} in all, {_short(free, names)} free now"
+                )
+            except Exception as exc:  # noqa: BLE001 - the message is what matters here
+                have = f"the cluster's resources could not be read ({_first_line(exc)})"
+            raise TimeoutError(
+                f"{len(shards)} of {len(calls)} shard actors (shards {shards}) were not up "
+                f"within start_timeout={timeout:g} s: each asks for {_short(asked, names)} "
+                f"({len(calls)} ask for "
+                f"{_short({k: v * len(calls) for k, v in asked.items()}, names)}); {have}. "
+                "Ask for less per shard (num_cpus=, e.g. 0.25 or 0), start fewer shards, "
+                "or give the cluster more resources; a slow machine may need a longer "
+                "start_timeout"
+            )
+    return t.results(list(calls))
+
+
 def ray_shards(
     n_shards: int,
     capacity: int | Sequence[int],
@@ -369,8 +430,9 @@ def ray_shards(
     uniform: bool = False,
     buffer_kwargs: Mapping[str, Any] | None = None,
     placement: str = "spread",
-    num_cpus: float = 1.0,
+    num_cpus: float = SHARD_CPUS,
     timeout: float | None = None,
+    start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
 ) -> RayTransport:
     """Start ``n_shards`` shard actors, each building its own empty buffer; their transport.
@@ -385,16 +447,24 @@ def ray_shards(
             random numbers when sampled through a coordinator).
         placement: ``"spread"`` (Ray's SPREAD strategy: over the cluster's
             nodes) or ``"local"`` (all on this node).
-        num_cpus: CPUs Ray reserves for each shard actor (0 on a small test
-            machine; a shard that serves a learner is busy, so 1 by default).
-        timeout: reply timeout of the transport (see :class:`RayTransport`);
-            the start itself waits without one.
+        num_cpus: CPUs Ray reserves for each shard actor (default
+            :data:`SHARD_CPUS` = 0.25, so 8 shards fit 2 CPUs; Ray does not
+            cap an actor at its reservation). Give a busy shard serving a
+            large learner 1 on a cluster with CPUs to spare.
+        timeout: reply timeout of the transport (see :class:`RayTransport`).
+        start_timeout: seconds to wait for the actors to be scheduled and to
+            build their buffers (default :data:`START_TIMEOUT`; ``None``: for
+            ever). A cluster without the resources asked never schedules
+            them: the start then fails with a TimeoutError naming them.
         actor_options: more Ray actor options (override the ones above).
 
     Raises:
         ImportError: Ray is not installed.
         ValueError / TypeError: bad arguments, or settings a buffer refuses
             (raised by the shard, as itself); the actors started are killed.
+        TimeoutError: the actors were not up within ``start_timeout`` (the
+            message names the shards, the resources each asks for and those
+            the cluster has); the actors started are killed.
 
     Starts K processes and waits for them: one parallel round trip after the
     actors are up (seconds: each is a new Python process importing fastper).
@@ -410,14 +480,20 @@ def ray_shards(
         caps = [check_int("capacity", capacity, minimum=1)] * n
     if not isinstance(fields, Mapping):
         raise TypeError(f"`fields` must be a mapping of field specs, got fields={show(fields)}")
+    wait = (
+        None if start_timeout is None else check_real("start_timeout", start_timeout, minimum=0.0, strict_min=True)
+    )
     opts = _actor_options(placement, num_cpus, actor_options)
     actors = _start(n, opts)
     t = RayTransport(actors, nodes=[None] * n, actor_options=opts)
     bk = dict(buffer_kwargs or {})
     try:
-        t.results(
+        _await_start(
+            t,
             [t.submit(s, "build", caps[s], dict(fields), bool(uniform), {"seed": s, **bk})
-             for s in range(n)]
+             for s in range(n)],
+            opts,
+            wait,
         )  # fmt: skip
         t.refresh_nodes()  # the actors are up: now they can say where they run
     except BaseException:
@@ -435,8 +511,9 @@ def sharded_on_ray(
     uniform: bool = False,
     buffer_kwargs: Mapping[str, Any] | None = None,
     placement: str = "spread",
-    num_cpus: float = 1.0,
+    num_cpus: float = SHARD_CPUS,
     timeout: float | None = None,
+    start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> ShardedReplayBuffer:
@@ -449,7 +526,8 @@ def sharded_on_ray(
     """
     t = ray_shards(
         n_shards, capacity, fields, uniform=uniform, buffer_kwargs=buffer_kwargs,
-        placement=placement, num_cpus=num_cpus, timeout=timeout, actor_options=actor_options,
+        placement=placement, num_cpus=num_cpus, timeout=timeout, start_timeout=start_timeout,
+        actor_options=actor_options,
     )  # fmt: skip
     try:
         return ShardedReplayBuffer(t, **kwargs)
@@ -462,8 +540,9 @@ def load_on_ray(
     directory: str | Path,
     *,
     placement: str = "spread",
-    num_cpus: float = 1.0,
+    num_cpus: float = SHARD_CPUS,
     timeout: float | None = None,
+    start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> ShardedReplayBuffer:
@@ -474,11 +553,15 @@ def load_on_ray(
     generator and step come from the manifest, so sampling continues with
     the draws the saved buffer would have made. ``kwargs`` go to
     :class:`~fastper.distributed.ShardedReplayBuffer` (beta, weight_norm,
-    on_shard_loss, ...; its seed is replaced by the saved generator).
+    on_shard_loss, ...; its seed is replaced by the saved generator). The
+    shard arguments (``placement``, ``num_cpus``, ``timeout``,
+    ``start_timeout``, ``actor_options``) are :func:`ray_shards`'s.
 
     Raises:
         CheckpointError: no manifest, missing files, or a set saved with shards
             already lost.
+        TimeoutError: the actors were not up within ``start_timeout`` (see
+            :func:`ray_shards`).
     """
     d = Path(directory).absolute()
     m = ShardedReplayBuffer.read_manifest(d)
@@ -488,10 +571,16 @@ def load_on_ray(
         raise CheckpointError(
             f"the set in {str(d)!r} lacks shards {missing} (lost before it was saved)"
         )
+    wait = (
+        None if start_timeout is None else check_real("start_timeout", start_timeout, minimum=0.0, strict_min=True)
+    )
     opts = _actor_options(placement, num_cpus, actor_options)
     t = RayTransport(_start(n, opts), nodes=[None] * n, actor_options=opts)
     try:
-        t.results([t.submit(s, "reload", str(d / m["shards"][str(s)]["file"])) for s in range(n)])
+        _await_start(
+            t, [t.submit(s, "reload", str(d / m["shards"][str(s)]["file"])) for s in range(n)],
+            opts, wait,
+        )  # fmt: skip
         t.refresh_nodes()
         t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
         out = ShardedReplayBuffer(t, **kwargs)

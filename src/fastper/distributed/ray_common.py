@@ -18,20 +18,19 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import require
 from ..limiter import RateLimiterCancelled
 
 __all__ = ["call_limiter", "count_rows", "lost_types", "require_ray", "unwrap_ray_error"]
 
-_HINT = "fastper's Ray back end needs Ray: pip install 'fastper[ray]'"
-
 
 def require_ray() -> Any:
-    """The ``ray`` module, imported on first use; ImportError with the install hint if missing."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(f"{_HINT} (import ray failed: {exc})") from exc
-    return ray
+    """The ``ray`` module, imported on first use.
+
+    Raises:
+        MissingExtraError: Ray is not installed (one line with the install hint).
+    """
+    return require("ray", "fastper's Ray back end", "ray")
 
 
 def lost_types(ray: Any) -> tuple[type[BaseException], ...]:

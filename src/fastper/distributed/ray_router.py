@@ -175,7 +175,7 @@ class ShardRouter:
             RateLimitTimeout: the limiter kept the insert waiting past
                 ``limiter_timeout`` (nothing was sent).
             ShardLostError: every shard is lost.
-            Whatever a shard raised for an earlier batch of this router.
+            Exception: whatever a shard raised for an earlier batch of this router.
         """
         rows = count_rows(self._fields, transition)
         self._collect(block=False)

@@ -71,6 +71,10 @@ class Shard:
         slots = self.buffer.add(transition, priorities, env_ids=env_ids)
         return slots, self.view()
 
+    def get(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows in ``slots`` (see ``buffer.get``): no draw, nothing changes."""
+        return self.buffer.get(slots)
+
     def sample_mass(self, targets: np.ndarray, view_total: float) -> MassSample:
         """The slots under the coordinator's points (see ``buffer.sample_mass``)."""
         return self.buffer.sample_mass(targets, view_total)

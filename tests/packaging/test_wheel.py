@@ -1,0 +1,173 @@
+"""The package as users get it: a wheel and an sdist that pass ``twine check``, a wheel
+that installs into a clean virtual environment (no extras) and runs the README's
+30-second example there, and one version everywhere.
+
+The build runs on a copy of the project (nothing is written into the checkout).
+Installing needs numpy and numba from the package index: without a reachable
+index the install step is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import fastper
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: the whole test (build, check, venv, install, example) is stopped past this; it takes
+#: about a minute on an idle 2-core machine, most of it numba compiling the kernels
+#: the example uses (nothing is cached in a new environment)
+BUDGET_S = 240
+#: modules ``import fastper`` must never import (extras, imported lazily); not scipy,
+#: which numba itself imports where it is installed
+EXTRA_MODULES = ("torch", "ray", "gymnasium", "stable_baselines3", "matplotlib", "tqdm")
+#: what can go wrong installing from the index when it cannot be reached
+NO_INDEX = (
+    "Could not find a version",
+    "No matching distribution",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "ConnectionError",
+    "ReadTimeoutError",
+)
+
+
+def _run(cmd: list[str], cwd: Path, deadline: float, **kw) -> subprocess.CompletedProcess[str]:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        pytest.fail(f"out of the {BUDGET_S} s budget before running {cmd[:4]}")
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=left, **kw)
+
+
+def _copy_project(dest: Path) -> Path:
+    """What the build reads (pyproject, README, LICENSE, src), without caches or egg-info."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(
+        ROOT / "src", dest / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"),
+    )  # fmt: skip
+    return dest
+
+
+def _build(project: Path, out: Path, deadline: float) -> tuple[Path, Path]:
+    """``python -m build`` (sdist, then the wheel from it); without build isolation when
+    this environment has the build backend, so no index is needed to build."""
+    if importlib.util.find_spec("build") is None:
+        pytest.skip('`python -m build` needs the build package: pip install "fastper[dev]"')
+    cmd = [sys.executable, "-m", "build", "--outdir", str(out)]
+    if importlib.util.find_spec("setuptools") is not None:
+        cmd.append("--no-isolation")
+    done = _run([*cmd, str(project)], project, deadline)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
+    return wheels[0], sdists[0]
+
+
+def test_wheel_and_sdist_pass_twine_and_the_wheel_runs_the_quickstart_in_a_clean_venv(
+    tmp_path: Path,
+) -> None:
+    deadline = time.monotonic() + BUDGET_S
+    version = fastper.__version__
+    wheel, sdist = _build(_copy_project(tmp_path / "project"), tmp_path / "dist", deadline)
+    assert wheel.name == f"fastper-{version}-py3-none-any.whl"
+    assert sdist.name == f"fastper-{version}.tar.gz"
+
+    if importlib.util.find_spec("twine") is None:
+        pytest.fail('`twine check` needs twine: pip install "fastper[dev]"')
+    done = _run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+                tmp_path, deadline)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("PASSED") == 2, done.stdout
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        meta = zf.read(f"fastper-{version}.dist-info/METADATA").decode()
+        entry = zf.read(f"fastper-{version}.dist-info/entry_points.txt").decode()
+    assert "fastper/py.typed" in names and "fastper/_kernels/tree.py" in names
+    assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
+    assert "fastper = fastper.cli:main" in entry
+    required = re.findall(r"^Requires-Dist: ([^;\n]+)$", meta, re.M)
+    assert sorted(r.split(">")[0].split("=")[0].strip() for r in required) == ["numba", "numpy"]
+
+    venv = tmp_path / "venv"
+    done = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, deadline)
+    assert done.returncode == 0, done.stderr
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = _run([str(py), "-m", "pip", "install", "--no-compile", "--disable-pip-version-check",
+                 str(wheel)], tmp_path, deadline, env=env)  # fmt: skip
+    if done.returncode != 0 and any(s in done.stdout + done.stderr for s in NO_INDEX):
+        pytest.skip(f"no package index reachable to install numpy and numba: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    # `import fastper` needs numpy and numba alone, and imports no extra
+    probe = (
+        "import json, sys, fastper; "
+        f"print(json.dumps([fastper.__version__, sorted(m for m in sys.modules "
+        f"if m.split('.')[0] in {EXTRA_MODULES!r})]))"
+    )
+    run_dir = tmp_path / "run"  # not the checkout: its src/ must not be what is imported
+    run_dir.mkdir()
+    done = _run([str(py), "-c", probe], run_dir, deadline, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [version, []]
+    done = _run([str(venv / "bin" / "fastper"), "--version"], run_dir, deadline, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == f"fastper {version}", done
+
+    # the README's 30-second example, as a user runs it
+    example = run_dir / "quickstart.py"
+    shutil.copy2(ROOT / "examples" / "quickstart.py", example)
+    done = _run([str(py), str(example)], run_dir, deadline, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("2000 transitions"), done.stdout
+    assert "Warning" not in done.stderr, done.stderr[-2000:]  # a first run warns of nothing
+    assert sorted(p.name for p in run_dir.iterdir()) == ["quickstart.py"]  # it wrote nothing here
+
+
+def test_import_fastper_imports_no_extra_where_they_are_installed(tmp_path: Path) -> None:
+    """Here torch and ray may be installed: ``import fastper`` (and its subpackages that
+    need no extra) must still leave them alone."""
+    code = (
+        "import json, sys, fastper, fastper.distributed, fastper.compat, fastper.tiers, "
+        "fastper.disk, fastper.cli; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {EXTRA_MODULES!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_one_version_in_pyproject_the_package_and_the_changelog() -> None:
+    project = PYPROJECT["project"]
+    if "version" in project.get("dynamic", []):  # read by setuptools from the package
+        attr = PYPROJECT["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+        assert attr in ("fastper.__version__", "fastper._version.__version__"), attr
+    else:
+        assert project["version"] == fastper.__version__
+    from fastper._version import __version__
+
+    assert __version__ == fastper.__version__
+    headings = re.findall(r"^## +(.+?)\s*$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert headings, "CHANGELOG.md has no '## <version>' entry"
+    top = re.sub(r"^\[?v?([^\]\s]+)\]?.*$", r"\1", headings[0])  # "## [0.6.0] - date" too
+    assert top == fastper.__version__, (
+        f"the top entry of CHANGELOG.md is {headings[0]!r}, the package is {fastper.__version__}"
+    )
