@@ -101,6 +101,10 @@ class SampleBatch:
         keys: insertion counter of each slot's occupant (int64); pass it back
             so that updates for overwritten slots are dropped.
         beta: the IS exponent of ``weights`` (``None`` where not recorded).
+        staleness: learner steps whose priority updates the draw could not
+            see (0 for every local buffer and for strict sharded sampling;
+            at most the pipeline's bound for pipelined sharded sampling, see
+            :class:`fastper.distributed.ShardedReplayBuffer`).
     """
 
     data: dict[str, np.ndarray]
@@ -109,6 +113,7 @@ class SampleBatch:
     probabilities: np.ndarray
     keys: np.ndarray
     beta: float | None = None
+    staleness: int = 0
 
     def __getitem__(self, field: str) -> np.ndarray:
         return self.data[field]

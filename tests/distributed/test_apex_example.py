@@ -128,12 +128,21 @@ def test_apex_example_inserts_samples_updates_publishes_and_exits_cleanly(tmp_pa
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_distributed_benchmark_quick_mode_runs(tmp_path: Path) -> None:
-    """benchmarks/distributed.py --quick (about 18 s here): every set-up measured, the check passed."""
-    out, token = run([sys.executable, str(BENCH), "--quick"], tmp_path, timeout=180)
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
-    names = [r.split("|")[1].strip() for r in rows[1:]]
-    assert names == ["local (1 process)", "1 Ray actor, 1 buffer", "2 shards (ShardedReplayBuffer)"]
-    for r in rows[1:]:
+    """benchmarks/distributed.py --quick (about 30 s here): every set-up measured, the checks
+    passed, the compiled-graph fan-out and the scale model reported, no process left."""
+    out, token = run([sys.executable, str(BENCH), "--quick"], tmp_path, timeout=240)
+    blocks = [[ln for ln in b.splitlines() if ln.startswith("| ")] for b in out.stdout.split("\n\n")]
+    learner, stores, fanouts, model = [b for b in blocks if b]
+    names = [r.split("|")[1].strip() for r in learner[1:]]
+    assert names == ["local (1 process)", "1 Ray actor, 1 buffer", "2 shards, strict, socket",
+                     "2 shards, strict, ray", "2 shards, pipelined D=2 M=8, socket"]  # fmt: skip
+    for r in learner[1:]:
         cells = [c.strip() for c in r.split("|")[2:-1]]
         assert len(cells) == 7 and all(c and c != "nan" for c in cells), r
+    seen, most = (int(v) for v in learner[-1].split("|")[-2].split("/"))
+    assert most == 2 * 2 * 8 - 1 and 0 < seen <= most  # D=2, M=8: drawn ahead, never staler
+    assert len(stores) == 4 and len(fanouts) == 4  # header + 3 stores; header + 3 paths
+    assert "Ray compiled graph" in fanouts[-1]
+    assert model[1].split("|")[1].strip() == "strict" and len(model) == 2 + 7  # 7 values of M
+    assert "Target (pipelined >= 50% of the in-process rate)" in out.stdout
     assert_no_process_left(token)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from fastper.distributed.ray_backend import (  # noqa: E402
     RayTransport,
     load_on_ray,
     ray_shards,
+    socket_channels,
 )
 from fastper.distributed.ray_limiter import RateLimitedSharded, rate_limiter  # noqa: E402
 from fastper.limiter import RateLimitTimeout  # noqa: E402
@@ -369,3 +371,51 @@ def test_loss_policy_continue_samples_exactly_over_the_survivors(pool) -> None:
     np.testing.assert_allclose(b.probabilities, 1.0 / 20.0)
     assert int(s.add(rows([5.0], 9), key="somebody")[0] // 50) in (0, 2)
     assert s.update_priorities(b.indices[:4], np.ones(4), b.keys[:4], wait=True) == 4
+
+
+# -- the socket channel and pipelined sampling on Ray ---------------------------------------------
+def test_pipelined_over_sockets_chi_square_1_10_100_and_same_draws_as_ray_calls(pool) -> None:
+    prios = [np.array([0.1, 0.2, 0.3, 0.4]), np.array([1.0, 2.0, 3.0, 4.0]),
+             np.array([10.0, 20.0, 30.0, 40.0])]  # fmt: skip
+    t = pool.shards([prioritized(4, p, tag=s) for s, p in enumerate(prios)])
+    sock = socket_channels(t)
+    try:
+        fast = ShardedReplayBuffer(sock, seed=5, depth=3, batches_per_call=4)
+        slow = ShardedReplayBuffer(t, seed=5, depth=3, batches_per_call=4)
+        expected = np.concatenate(prios) / sum(p.sum() for p in prios)
+        counts = np.zeros(12)
+        for i in range(40):
+            b = fast.sample(5000)
+            np.testing.assert_allclose(b.probabilities, expected[b.indices], rtol=1e-12)
+            counts += np.bincount(b.indices, minlength=12)
+            if i < 3:  # the same draws through Ray's own calls
+                c = slow.sample(5000)
+                np.testing.assert_array_equal(b.indices, c.indices)
+                np.testing.assert_array_equal(b.weights, c.weights)
+        assert stats.chisquare(counts, expected * counts.sum()).pvalue > 1e-3
+    finally:
+        sock.close_channels()
+
+
+def test_a_shard_killed_with_batches_in_flight_over_sockets(pool) -> None:
+    t = pool.shards([prioritized_cap(10, 50, s) for s in range(3)])
+    sock = socket_channels(t)
+    try:
+        s = ShardedReplayBuffer(sock, on_shard_loss="continue", seed=3, depth=2,
+                                batches_per_call=2)  # fmt: skip
+        b = s.sample(300)
+        s.update_priorities(b, np.full(300, 2.0))  # queued for the next call
+        kill_and_wait(t.actors[1])
+        seen = False
+        for _ in range(8):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                c = s.sample(300)
+            seen = seen or any(issubclass(w.category, ShardLostWarning) for w in got)
+            if seen:
+                assert set((c.indices // 50).tolist()) == {0, 2}
+                np.testing.assert_allclose(c.probabilities, 1.0 / 20.0)
+        assert seen and s.lost_shards == [1]
+        assert s.dropped_updates >= int((b.indices // 50 == 1).sum())
+    finally:
+        sock.close_channels()

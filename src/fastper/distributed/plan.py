@@ -34,7 +34,10 @@ import numpy as np
 
 from ..policy import is_weights, probabilities, stratified_targets
 
-__all__ = ["ShardView", "Split", "combine_weights", "global_masses", "rendezvous", "split_points"]
+__all__ = [
+    "ShardView", "Split", "combine_weights", "draw_masses", "global_masses", "rendezvous",
+    "split_points",
+]  # fmt: skip
 
 
 @dataclass
@@ -115,30 +118,39 @@ def global_masses(
 ) -> tuple[np.ndarray, float]:
     """Each draw's mass in the split's units, and the smallest such mass. O(B + K).
 
+    See :func:`draw_masses`; ``split`` gives each draw's shard and the view totals.
+    """
+    return draw_masses(split.shard, masses, split.view_totals, current_totals, current_mins)
+
+
+def draw_masses(
+    shard: np.ndarray,
+    masses: np.ndarray,
+    view_totals: np.ndarray,
+    current_totals: np.ndarray,
+    current_mins: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """Each draw's mass in the split's units, and the smallest such mass. O(B + K).
+
     A draw from shard ``s`` with mass ``m`` has mass ``m * T_s / C_s`` in the
     split's units (``T_s`` the view total it was drawn against, ``C_s`` the
-    shard's total when it searched); exactly ``m`` where ``T_s == C_s``. The
-    smallest is taken over the shards the split could draw from (``T_s > 0``)
-    that still hold mass, each shard's smallest positive mass scaled alike
-    (``inf`` when there is none); a NaN minimum (a shard that keeps none)
-    comes out as NaN.
+    shard's total when it searched); exactly ``m`` where ``T_s == C_s`` (the
+    factor is then exactly 1). The smallest is taken over the shards the
+    split could draw from (``T_s > 0``) that still hold mass, each shard's
+    smallest positive mass scaled alike (``inf`` when there is none); a NaN
+    minimum (a shard that keeps none) comes out as NaN. ``shard`` and
+    ``masses`` may hold the draws of several batches drawn over the same views.
     """
-    vt = split.view_totals
+    vt = np.asarray(view_totals, dtype=np.float64)
     ct = np.asarray(current_totals, dtype=np.float64)
     mins = np.asarray(current_mins, dtype=np.float64)
-    s = split.shard
-    moved = ct[s] != vt[s]
-    g = np.array(masses, dtype=np.float64, copy=True)
-    if moved.any():
-        g[moved] = masses[moved] * (vt[s[moved]] / ct[s[moved]])
     drawable = (vt > 0.0) & (ct > 0.0)
+    scale = np.ones_like(vt)
+    np.divide(vt, ct, out=scale, where=drawable & (ct != vt))
+    g = masses * scale[shard]
     if not drawable.any():
         return g, float("inf")
-    scale = np.ones_like(vt)
-    shifted = drawable & (ct != vt)
-    scale[shifted] = vt[shifted] / ct[shifted]
-    per_shard = np.where(shifted, mins * scale, mins)[drawable]
-    return g, float(per_shard.min())
+    return g, float((mins * scale)[drawable].min())
 
 
 def combine_weights(

@@ -64,6 +64,8 @@ __all__ = [
 ]
 
 _PLACEMENTS = ("spread", "local")
+#: how the learner's hot calls reach the shards: direct sockets (default) or Ray actor calls
+_CHANNELS = ("socket", "ray")
 
 #: CPUs Ray reserves for each shard actor by default: a fraction, so that 8
 #: shards fit a 2-CPU machine (a shard mostly waits for calls; Ray does not
@@ -123,6 +125,22 @@ class ShardHost(Shard):
         """Raw priorities p_i of written slots (for checks and tests). O(B)."""
         return np.asarray(self.buffer.priorities(slots))
 
+    def open_channel(self, token: bytes) -> tuple[str, int]:
+        """Listen for the learner's socket channel (see :mod:`.wire`); the address to connect to.
+
+        Binds to this node's IP; a connection must present ``token`` first.
+        Opening it again closes the previous listener (a restarted learner).
+        """
+        from .wire import ChannelServer
+
+        old = getattr(self, "_channel_server", None)
+        if old is not None:
+            old.close()
+        host = str(require_ray().util.get_node_ip_address())
+        server = ChannelServer({"step": self.channel_step}, bytes(token), host)
+        self._channel_server = server
+        return server.address
+
     def node_id(self) -> str:
         """The Ray node this shard runs on (hex)."""
         return str(require_ray().get_runtime_context().get_node_id())
@@ -172,6 +190,16 @@ class _Call:
 
 
 # -- the transport -----------------------------------------------------------------
+class _Own:
+    """The transport's own :attr:`RayTransport.timeout` (a ``timeout=`` left out)."""
+
+    def __repr__(self) -> str:
+        return "the transport's timeout"
+
+
+_OWN: Any = _Own()
+
+
 class RayTransport:
     """The :class:`~fastper.distributed.Transport` over shard actors.
 
@@ -182,8 +210,10 @@ class RayTransport:
             and actor-local routing.
         nodes: the Ray node of each actor (hex ids); asked from the actors
             (one parallel round trip) when omitted.
-        timeout: seconds :meth:`results` waits for replies; a shard that has
-            not answered by then is treated as lost (``None``: wait for ever).
+        timeout: seconds a :meth:`results` call waits for its replies, in all
+            (one deadline for the call); a shard that has not answered by then
+            is treated as lost (``None``: wait for ever). Also the default of
+            :meth:`ask_nodes` and of the routers :meth:`router` makes.
         actor_options: Ray options for actors started by :meth:`restart`
             (e.g. ``{"num_cpus": 1}``).
 
@@ -210,10 +240,13 @@ class RayTransport:
             )
         self._nodes: list[str | None] = list(nodes)
 
-    def ask_nodes(self) -> list[str | None]:
+    def ask_nodes(self, *, timeout: float | None = _OWN) -> list[str | None]:
         """Each actor's node, asked in parallel (``None`` for actors without ``node_id``).
 
-        One parallel round trip; :meth:`refresh_nodes` also keeps the answer.
+        ``timeout``: seconds to wait for every answer (default :attr:`timeout`;
+        ``None``: for ever); then :class:`ShardLostError` names a shard that did
+        not answer. One parallel round trip; :meth:`refresh_nodes` also keeps
+        the answer.
         """
         calls: dict[int, _Call] = {}
         for s, a in enumerate(self._actors):
@@ -221,12 +254,15 @@ class RayTransport:
                 calls[s] = _Call(s, a.node_id.remote())
             except AttributeError:  # a plain Shard actor: node unknown
                 pass
-        got = dict(zip(calls, self.results(list(calls.values())), strict=True))
+        got = dict(zip(calls, self.results(list(calls.values()), timeout=timeout), strict=True))
         return [got.get(s) for s in range(len(self._actors))]
 
-    def refresh_nodes(self) -> list[str | None]:
-        """Ask every actor for its node now and keep the answers (:attr:`nodes`). One round trip."""
-        self._nodes = self.ask_nodes()
+    def refresh_nodes(self, *, timeout: float | None = _OWN) -> list[str | None]:
+        """Ask every actor for its node now and keep the answers (:attr:`nodes`). One round trip.
+
+        ``timeout`` as for :meth:`ask_nodes`; the nodes kept change only if every actor answered.
+        """
+        self._nodes = self.ask_nodes(timeout=timeout)
         return list(self._nodes)
 
     @property
@@ -248,42 +284,52 @@ class RayTransport:
         """Send ``shard.method(*args, **kwargs)`` to its actor; returns at once."""
         return _Call(shard, getattr(self._actors[shard], method).remote(*args, **kwargs))
 
-    def results(self, pending: Sequence[Any]) -> list[Any]:
-        """Wait for the calls; their results in order, or the first error (in call order).
+    def results(self, pending: Sequence[Any], *, timeout: float | None = _OWN) -> list[Any]:
+        """Wait for the calls; their results in order, or the first error known.
 
-        A gone actor (or node) raises :class:`ShardLostError`, as does a shard
-        that has not answered within :attr:`timeout`; an error raised by the
-        shard's method is raised as itself. One wait for all the calls.
+        Args:
+            pending: calls from :meth:`submit`.
+            timeout: seconds this whole call may wait (default :attr:`timeout`;
+                ``None``: for ever).
+
+        Raises:
+            ShardLostError: a gone actor (or node), or a shard that has not
+                answered within ``timeout`` (treated as lost; the message names
+                every shard still silent).
+            Exception: an error raised by a shard's method, as itself, as soon
+                as it is known: the first in call order among the calls that
+                have answered; calls still running are not waited for (they
+                go on in their actors).
+
+        Waits for replies as they come (one wait per batch of replies that
+        arrive together; all at once when they arrive together).
         """
         if not pending:
             return []
-        ray = self._ray
-        refs = [p.ref for p in pending]
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        limit = self._limit(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
         try:
-            return list(ray.get(refs, timeout=self.timeout))
-        except Exception:  # noqa: BLE001 - sorted out per call below, in call order
-            pass
-        ray.wait(refs, num_returns=len(refs), timeout=_left(deadline), fetch_local=False)
-        out = []
-        for p in pending:
-            out.append(self._one(p, deadline))
-        return out
-
-    def _one(self, p: _Call, deadline: float | None) -> Any:
-        ray = self._ray
-        try:
-            return ray.get(p.ref, timeout=_left(deadline))
-        except ray.exceptions.GetTimeoutError as exc:
+            return _gather(self._ray, pending, deadline)
+        except _Late as late:
+            silent = sorted(set(late.shards))
+            others = "" if len(silent) == 1 else f"; shards {silent} did not answer"
+            first = late.shards[0]
             raise ShardLostError(
-                p.shard, f"no reply within timeout={self.timeout:g} s (treated as lost)"
-            ) from exc
-        except lost_types(ray) as exc:
-            raise ShardLostError(p.shard, f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        except ray.exceptions.RayTaskError as exc:
-            raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
+                first,
+                f"no reply within timeout={limit:g} s (treated as lost{others}); a stuck, "
+                "overloaded or slow shard: allow a longer timeout, or kill it "
+                f"(transport.kill({first})) and restart it from a checkpoint",
+            ) from None
 
-    def restart(self, shard: int, checkpoint: str) -> None:
+    def _limit(self, timeout: Any) -> float | None:
+        """``timeout`` checked, or the transport's own for :data:`_OWN`."""
+        if timeout is _OWN:
+            return self.timeout
+        return None if timeout is None else check_real("timeout", timeout, minimum=0.0)
+
+    def restart(
+        self, shard: int, checkpoint: str, *, start_timeout: float | None = START_TIMEOUT
+    ) -> None:
         """Replace ``shard`` by a new actor loaded from ``checkpoint``; waits until it is up.
 
         The old actor is killed (it may be alive but unresponsive). The new
@@ -291,10 +337,24 @@ class RayTransport:
         affinity), else anywhere; the file must be readable there. One round
         trip once the new process is up (load, then its node).
 
+        Args:
+            shard: the shard to replace.
+            checkpoint: its fastper file, readable where the new actor runs.
+            start_timeout: seconds for the new actor to be scheduled, load the
+                file and say where it runs (default :data:`START_TIMEOUT`;
+                ``None``: for ever). The transport's reply :attr:`timeout` is
+                not used: starting a process takes longer than a reply.
+
         Raises:
-            ShardLostError: the new actor died while starting.
+            ShardLostError: the new actor died while starting, or was not up
+                within ``start_timeout`` (it is killed; the message names the
+                resources it asks for and those the cluster has).
             CheckpointError (or what loading raises): a bad checkpoint file.
         """
+        wait = (
+            None if start_timeout is None
+            else check_real("start_timeout", start_timeout, minimum=0.0, strict_min=True)
+        )  # fmt: skip
         self.kill(shard)
         node = self._nodes[shard]
         opts = dict(self._options)
@@ -306,7 +366,11 @@ class RayTransport:
         self._actors[shard] = actor
         loaded = _Call(shard, actor.reload.remote(str(checkpoint)))
         where = _Call(shard, actor.node_id.remote())  # runs after the load, on the same actor
-        self._nodes[shard] = self.results([loaded, where])[1]
+        try:
+            self._nodes[shard] = _await_start(self, [loaded, where], opts, wait)[1]
+        except TimeoutError as exc:
+            self.kill(shard)  # not up in time: it must not come up later, unseen
+            raise ShardLostError(shard, f"its new actor was not up in time: {exc}") from None
 
     def kill(self, shard: int) -> None:
         """Kill ``shard``'s actor now (drills, tests, or a stuck shard); its data is gone."""
@@ -323,20 +387,91 @@ class RayTransport:
     def router(self, **kwargs: Any) -> ShardRouter:
         """A :class:`~fastper.distributed.ray_router.ShardRouter` over these shards.
 
-        Keyword arguments go to the router. One round trip (the field spec).
+        Keyword arguments go to the router; its ``timeout`` (for the shards'
+        replies) is this transport's :attr:`timeout` unless given. One round
+        trip (the field spec, asked of every shard at once; the first answer
+        is used), within :attr:`timeout`.
+
+        Raises:
+            ShardLostError: no shard answered (every one gone, or silent past
+                :attr:`timeout`).
         """
-        for s in range(self.n_shards - 1):  # the first shard that answers
+        kwargs.setdefault("timeout", self.timeout)
+        ray = self._ray
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        asked = {c.ref.hex(): c for c in (self.submit(s, "describe") for s in range(self.n_shards))}
+        lost: ShardLostError | None = None
+        while asked:
+            ready, _ = ray.wait([c.ref for c in asked.values()], num_returns=1,
+                                timeout=_left(deadline))  # fmt: skip
+            if not ready:
+                silent = sorted(c.shard for c in asked.values())
+                raise ShardLostError(
+                    silent[0],
+                    f"no shard answered within timeout={self.timeout:g} s (shards {silent} "
+                    "silent, the others gone): no router can be made; check the shards, or "
+                    "allow the transport a longer timeout",
+                ) from lost
             try:
-                info = self.results([self.submit(s, "describe")])[0]
+                info = self.results([asked.pop(ready[0].hex())], timeout=_left(deadline))[0]
                 break
-            except ShardLostError:
-                continue
-        else:  # the last one, or its ShardLostError
-            info = self.results([self.submit(self.n_shards - 1, "describe")])[0]
+            except ShardLostError as exc:  # gone: ask the others
+                lost = exc
+        else:
+            assert lost is not None  # noqa: S101 - the loop ran at least once
+            raise lost
         return ShardRouter(self.actors, self.nodes, fields=info["fields"], **kwargs)
 
 
+class _Late(Exception):  # noqa: N818 - internal: never leaves this module
+    """Calls not answered by their deadline: the shards, in call order."""
+
+    def __init__(self, shards: list[int]) -> None:
+        super().__init__(shards)
+        self.shards = shards
+
+
+def _gather(ray: Any, pending: Sequence[_Call], deadline: float | None) -> list[Any]:
+    """The calls' results in order, or the first error known; :class:`_Late` past ``deadline``.
+
+    Waits for any reply, takes in every reply there by then (one ``ray.get``),
+    and raises the first error among them in call order; again until all are in.
+    """
+    out: list[Any] = [None] * len(pending)
+    waiting = list(range(len(pending)))
+    while waiting:
+        refs = [pending[i].ref for i in waiting]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=_left(deadline))
+        if not ready:
+            raise _Late([pending[i].shard for i in waiting])
+        if len(refs) > 1:  # every other reply in by now too
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = {r.hex() for r in ready}
+        now = [i for i in waiting if pending[i].ref.hex() in done]
+        waiting = [i for i in waiting if pending[i].ref.hex() not in done]
+        try:
+            got = ray.get([pending[i].ref for i in now], timeout=_left(deadline))
+        except ray.exceptions.RayError:  # sorted out per call: the first error in call order
+            got = [_one(ray, pending[i], deadline) for i in now]
+        for i, value in zip(now, got, strict=True):
+            out[i] = value
+    return out
+
+
+def _one(ray: Any, p: _Call, deadline: float | None) -> Any:
+    """One call's result; a gone shard as :class:`ShardLostError`, a method's error as itself."""
+    try:
+        return ray.get(p.ref, timeout=_left(deadline))
+    except ray.exceptions.GetTimeoutError:
+        raise _Late([p.shard]) from None
+    except lost_types(ray) as exc:
+        raise ShardLostError(p.shard, f"{type(exc).__name__}: {_first_line(exc)}") from exc
+    except ray.exceptions.RayTaskError as exc:
+        raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
+
+
 def _left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` time; ``None``: no deadline)."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
@@ -391,35 +526,31 @@ def _await_start(
     t: RayTransport, calls: Sequence[_Call], opts: Mapping[str, Any], timeout: float | None
 ) -> list[Any]:
     """The replies of the first calls to new shard actors, waiting at most ``timeout``
-    seconds for them to be scheduled and answer; else a TimeoutError naming the shards
-    not up and the resources asked against those the cluster has (the actors are
-    left to the caller to kill)."""
+    seconds in all for them to be scheduled and answer; else a TimeoutError naming the
+    shards not up and the resources asked against those the cluster has (the actors are
+    left to the caller to kill). An error a call raised is raised as soon as it is known."""
     ray = require_ray()
-    if timeout is not None:
-        refs = [c.ref for c in calls]
-        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
-        if waiting:
-            late = {id(r) for r in waiting}
-            shards = [c.shard for c in calls if id(c.ref) in late]
-            asked = _asked(opts)
-            names = list(asked)
-            try:
-                total, free = ray.cluster_resources(), ray.available_resources()
-                have = (
-                    f"the cluster has {_short(total, names)} in all, {_short(free, names)} free now"
-                )
-            except Exception as exc:  # noqa: BLE001 - the message is what matters here
-                have = f"the cluster's resources could not be read ({_first_line(exc)})"
-            raise TimeoutError(
-                f"{len(shards)} of {len(calls)} shard actors (shards {shards}) were not up "
-                f"within start_timeout={timeout:g} s: each asks for {_short(asked, names)} "
-                f"({len(calls)} ask for "
-                f"{_short({k: v * len(calls) for k, v in asked.items()}, names)}); {have}. "
-                "Ask for less per shard (num_cpus=, e.g. 0.25 or 0), start fewer shards, "
-                "or give the cluster more resources; a slow machine may need a longer "
-                "start_timeout"
-            )
-    return t.results(list(calls))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        return _gather(ray, calls, deadline)
+    except _Late as late:
+        shards = sorted(set(late.shards))
+        asked = _asked(opts)
+        names = list(asked)
+        try:
+            total, free = ray.cluster_resources(), ray.available_resources()
+            have = f"the cluster has {_short(total, names)} in all, {_short(free, names)} free now"
+        except Exception as exc:  # noqa: BLE001 - the message is what matters here
+            have = f"the cluster's resources could not be read ({_first_line(exc)})"
+        n = len({c.shard for c in calls})
+        raise TimeoutError(
+            f"{len(shards)} of {n} shard actors (shards {shards}) were not up "
+            f"within start_timeout={timeout:g} s: each asks for {_short(asked, names)} "
+            f"({n} ask for {_short({k: v * n for k, v in asked.items()}, names)}); {have}. "
+            "Ask for less per shard (num_cpus=, e.g. 0.25 or 0), start fewer shards, "
+            "or give the cluster more resources; a slow machine may need a longer "
+            "start_timeout"
+        ) from None
 
 
 def ray_shards(
@@ -434,7 +565,8 @@ def ray_shards(
     timeout: float | None = None,
     start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
-) -> RayTransport:
+    channel: str = "socket",
+) -> Any:
     """Start ``n_shards`` shard actors, each building its own empty buffer; their transport.
 
     Args:
@@ -457,6 +589,12 @@ def ray_shards(
             ever). A cluster without the resources asked never schedules
             them: the start then fails with a TimeoutError naming them.
         actor_options: more Ray actor options (override the ones above).
+        channel: how the learner's per-step calls reach the shards:
+            ``"socket"`` (default: a direct TCP connection to each shard,
+            fastper's own pickle-free format, tens of microseconds a call;
+            the shard binds its node's IP and checks a random token) or
+            ``"ray"`` (Ray actor calls, about a millisecond each). Inserts,
+            saves, restarts and everything else always go through Ray.
 
     Raises:
         ImportError: Ray is not installed.
@@ -469,6 +607,7 @@ def ray_shards(
     Starts K processes and waits for them: one parallel round trip after the
     actors are up (seconds: each is a new Python process importing fastper).
     """
+    _check_channel(channel)
     n = check_int("n_shards", n_shards, minimum=1)
     if isinstance(capacity, Sequence):
         caps = [check_int("capacity", c, minimum=1) for c in capacity]
@@ -495,12 +634,28 @@ def ray_shards(
             opts,
             wait,
         )  # fmt: skip
-        t.refresh_nodes()  # the actors are up: now they can say where they run
+        t.refresh_nodes(timeout=wait)  # the actors are up: now they can say where they run
     except BaseException:
         t.close()
         raise
     t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
-    return t
+    return _with_channel(t, channel)
+
+
+def _check_channel(channel: str) -> None:
+    if channel not in _CHANNELS:
+        raise ValueError(f"`channel` must be one of {list(_CHANNELS)}, got channel={channel!r}")
+
+
+def _with_channel(t: RayTransport, channel: str) -> Any:
+    """``t`` itself (``channel="ray"``) or ``t`` with socket channels (``"socket"``)."""
+    if channel == "ray":
+        return t
+    try:
+        return socket_channels(t)
+    except BaseException:
+        t.close()
+        raise
 
 
 def sharded_on_ray(
@@ -515,6 +670,7 @@ def sharded_on_ray(
     timeout: float | None = None,
     start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
+    channel: str = "socket",
     **kwargs: Any,
 ) -> ShardedReplayBuffer:
     """A :class:`~fastper.distributed.ShardedReplayBuffer` over new Ray shard actors.
@@ -527,7 +683,7 @@ def sharded_on_ray(
     t = ray_shards(
         n_shards, capacity, fields, uniform=uniform, buffer_kwargs=buffer_kwargs,
         placement=placement, num_cpus=num_cpus, timeout=timeout, start_timeout=start_timeout,
-        actor_options=actor_options,
+        actor_options=actor_options, channel=channel,
     )  # fmt: skip
     try:
         return ShardedReplayBuffer(t, **kwargs)
@@ -544,6 +700,7 @@ def load_on_ray(
     timeout: float | None = None,
     start_timeout: float | None = START_TIMEOUT,
     actor_options: Mapping[str, Any] | None = None,
+    channel: str = "socket",
     **kwargs: Any,
 ) -> ShardedReplayBuffer:
     """A sharded buffer on new Ray shard actors from a set saved by ``ShardedReplayBuffer.save``.
@@ -563,6 +720,7 @@ def load_on_ray(
         TimeoutError: the actors were not up within ``start_timeout`` (see
             :func:`ray_shards`).
     """
+    _check_channel(channel)
     d = Path(directory).absolute()
     m = ShardedReplayBuffer.read_manifest(d)
     n = len(m["capacities"])
@@ -581,11 +739,34 @@ def load_on_ray(
             t, [t.submit(s, "reload", str(d / m["shards"][str(s)]["file"])) for s in range(n)],
             opts, wait,
         )  # fmt: skip
-        t.refresh_nodes()
+        t.refresh_nodes(timeout=wait)
         t.timeout = None if timeout is None else check_real("timeout", timeout, minimum=0.0)
-        out = ShardedReplayBuffer(t, **kwargs)
+        out = ShardedReplayBuffer(_with_channel(t, channel), **kwargs)
         out.restore_state(d)
     except BaseException:
         t.close()
         raise
     return out
+
+
+def socket_channels(t: RayTransport, *, connect_timeout: float = 30.0) -> Any:
+    """``t`` with the learner's hot calls on direct socket channels (see :mod:`.wire`).
+
+    Each shard actor listens on its node's IP (:meth:`ShardHost.open_channel`)
+    for a connection presenting a fresh random token; ``step`` calls then go
+    over that connection and everything else through ``t``. One round trip
+    per shard to open them. Returns a :class:`~fastper.distributed.wire.ChannelTransport`.
+    """
+    import secrets
+
+    from .wire import TOKEN_BYTES, Channel, ChannelTransport
+
+    def connect(s: int) -> Channel:
+        token = secrets.token_bytes(TOKEN_BYTES)
+        host, port = t.results([t.submit(s, "open_channel", token)])[0]
+        try:
+            return Channel(s, (host, port), token, timeout=connect_timeout)
+        except OSError as exc:
+            raise ShardLostError(s, f"its socket channel at {host}:{port} could not be opened ({exc})") from exc
+
+    return ChannelTransport(t, connect)

@@ -19,9 +19,25 @@ from typing import Any
 import numpy as np
 
 from ..errors import require
-from ..limiter import RateLimiterCancelled
+from ..limiter import RateLimiterCancelled, RateLimitTimeout
 
-__all__ = ["call_limiter", "count_rows", "lost_types", "require_ray", "unwrap_ray_error"]
+__all__ = [
+    "LIMITER_CALL_TIMEOUT",
+    "LIMITER_GRACE",
+    "call_limiter",
+    "count_rows",
+    "lost_types",
+    "require_ray",
+    "unwrap_ray_error",
+]
+
+#: seconds a client waits for the rate limiter's reply beyond the timeout the
+#: limiter itself waits with (``await_insert`` / ``await_sample``), so that the
+#: limiter's own answer (which says why it held the call) comes first
+LIMITER_GRACE = 1.0
+#: seconds a limiter call that does not wait inside the limiter (counts, stats, state) may
+#: take before it is reported as not answering (long enough for a limiter actor still starting)
+LIMITER_CALL_TIMEOUT = 120.0
 
 
 def require_ray() -> Any:
@@ -58,11 +74,40 @@ def unwrap_ray_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def call_limiter(ref: Any) -> Any:
-    """``ray.get`` of a limiter call; its errors as themselves, a gone limiter as cancelled."""
+def call_limiter(
+    ref: Any, timeout: float | None = None, *, what: str = "a call", allowed: float | None = None
+) -> Any:
+    """``ray.get`` of a limiter call; its errors as themselves, a gone limiter as cancelled.
+
+    Args:
+        ref: the reply of a call on the rate limiter actor.
+        timeout: seconds to wait for the reply (``None``: for ever). A call
+            that waits inside the limiter (``await_insert``, ``await_sample``)
+            ends there by its own timeout; give this one
+            :data:`LIMITER_GRACE` more, so that the limiter's answer, which
+            says why it waited, comes first.
+        what: the call, for the message (e.g. ``"await_insert(8 rows)"``).
+        allowed: the whole time the caller gave the call, for the message,
+            when ``timeout`` is only what is left of it (default ``timeout``).
+
+    Raises:
+        RateLimitTimeout: no reply within ``timeout`` (the limiter actor is
+            stuck, overloaded or on an unreachable node; the call may still
+            take effect there later).
+        RateLimiterCancelled: the limiter actor is gone.
+        Exception: what the limiter's method raised, as itself.
+    """
     ray = require_ray()
     try:
-        return ray.get(ref)
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        limit = timeout if allowed is None else allowed
+        raise RateLimitTimeout(
+            f"the rate limiter actor did not answer {what} within {limit:g} s: it is "
+            "stuck, overloaded or on an unreachable node (the call may still take effect "
+            "there); check the limiter actor (its stats(), Ray's dashboard), or allow a "
+            "longer timeout"
+        ) from None
     except ray.exceptions.RayTaskError as exc:
         raise unwrap_ray_error(exc)  # noqa: B904 - its __cause__ is the remote error
     except lost_types(ray) as exc:

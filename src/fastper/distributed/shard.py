@@ -15,10 +15,14 @@ from typing import Any
 import numpy as np
 
 from ..batch import MassSample
+from ..errors import EmptyBufferError, ZeroPriorityError
 from ..loading import load as _load
 from .plan import ShardView
 
-__all__ = ["Shard"]
+__all__ = ["DRAW_EMPTY", "DRAW_OK", "DRAW_ZERO", "Shard"]
+
+#: ``step`` reply ``counts[3]``: the draw was made / the shard was empty / all its masses were 0
+DRAW_OK, DRAW_EMPTY, DRAW_ZERO = 0, 1, 2
 
 _KINDS = ("proportional", "uniform")
 
@@ -85,6 +89,60 @@ class Shard:
         """Apply priorities (stale keys dropped); the count applied and the new view."""
         applied = self.buffer.update_priorities(slots, td_errors, keys=keys)
         return int(applied), self.view()
+
+    def step(
+        self,
+        slots: np.ndarray | None = None,
+        td_errors: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        view_total: float = 0.0,
+    ) -> dict[str, np.ndarray]:
+        """A learner step's one call: apply priority updates, then find the rows under points.
+
+        The updates (``slots``, ``td_errors``, ``keys``; stale keys dropped,
+        the last of duplicate slots wins) are applied first, then the
+        ``targets`` (points into the coordinator's view ``view_total`` of this
+        shard's mass, rescaled to the current total as in
+        :meth:`fastper.PrioritizedReplayBuffer.sample_mass`) are searched.
+
+        Returns one array per field, no per-row objects: ``indices``,
+        ``keys``, ``masses``, ``data.<field>`` for each field, ``stats``
+        (float64 ``[total, min_mass]`` after the call) and ``counts`` (int64
+        ``[size, added, applied updates, draw status]``; the status is
+        :data:`DRAW_OK`, or :data:`DRAW_EMPTY` / :data:`DRAW_ZERO` when there
+        was nothing to draw from, in which case the updates still count and
+        no rows come back). O(U log N + B log N) for U updates and B points.
+        """
+        applied = 0
+        if slots is not None and len(slots):
+            applied = int(self.buffer.update_priorities(slots, td_errors, keys=keys))
+        out: dict[str, np.ndarray] = {}
+        status = DRAW_OK
+        if targets is not None and len(targets):
+            try:
+                m = self.buffer.sample_mass(targets, view_total)
+            except EmptyBufferError:
+                status = DRAW_EMPTY
+            except ZeroPriorityError:
+                status = DRAW_ZERO
+            else:
+                out["indices"], out["keys"], out["masses"] = m.indices, m.keys, m.masses
+                for name, arr in m.data.items():
+                    out["data." + name] = arr
+        total, min_mass, size, added = self.buffer.mass_stats()
+        out["stats"] = np.array([total, min_mass], dtype=np.float64)
+        out["counts"] = np.array([size, added, applied, status], dtype=np.int64)
+        return out
+
+    def channel_step(
+        self, args: dict[str, Any], arrays: dict[str, np.ndarray]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """:meth:`step` for the socket channel (:mod:`.wire`): arguments as named arrays."""
+        keys = arrays.get("keys") if args.get("keyed") else None
+        out = self.step(arrays.get("slots"), arrays.get("td_errors"), keys, arrays.get("targets"),
+                        float(args.get("view_total", 0.0)))  # fmt: skip
+        return {}, out
 
     def save(self, path: str) -> ShardView:
         """Checkpoint the buffer to ``path`` (atomic, pickle-free); the view it saved."""
