@@ -168,6 +168,17 @@ class RateLimiter:
             math.isinf(self.min_diff) or math.isinf(self.max_diff)
         )
 
+    def check_batch(self, count: int) -> int:
+        """``count`` if a batch that large can ever pass (:meth:`admits_batch`), else ValueError."""
+        if not self.admits_batch(count):
+            raise ValueError(
+                f"a batch of {count} can never pass this rate limiter: its range "
+                f"[{self.min_diff:g}, {self.max_diff:g}] must be at least batch_size + "
+                f"samples_per_insert = {count + self.samples_per_insert:g} wide; widen "
+                "error_buffer"
+            )
+        return count
+
     def admits_insert(self, count: int) -> bool:
         """Whether an insert of ``count`` can ever pass once stage 1 is over.
 
@@ -399,13 +410,7 @@ class RateLimitedBuffer:
         b = check_batch_size(batch_size, self._row_nbytes)
         with self._cond:
             buffer, lim = self._buffer, self._limiter
-            if not lim.admits_batch(b):
-                raise ValueError(
-                    f"a batch of {b} can never pass this rate limiter: its range "
-                    f"[{lim.min_diff:g}, {lim.max_diff:g}] must be at least batch_size + "
-                    f"samples_per_insert = {b + lim.samples_per_insert:g} wide; widen "
-                    "error_buffer"
-                )
+            lim.check_batch(b)
             self._wait("sample", lambda: self._limiter.can_sample(b, len(self._buffer)), timeout)
             buffer, lim = self._buffer, self._limiter  # either may have been replaced meanwhile
             if not self._split:

@@ -24,8 +24,8 @@ from fastper.distributed import (
     ShardedReplayBuffer,
     ShardLostError,
     ShardLostWarning,
+    wire,
 )
-from fastper.distributed import wire
 from fastper.distributed.wire import WireError, decode, encode, local_channels
 
 FIELDS = {"x": ((), np.float64), "tag": ((), np.int64)}
@@ -341,3 +341,50 @@ def test_a_wrong_token_gets_no_service_and_errors_come_back_as_themselves() -> N
     ch.close()
     with pytest.raises(ShardLostError):
         ch.result(ch.send("step", {}, {}), None)
+
+
+# -- the compiled fast path of update_priorities hands anything unusual to the full checks ---------
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_bad_updates_are_refused_by_name_and_send_nothing(pipelined: bool) -> None:
+    kw = {"depth": 2, "batches_per_call": 2} if pipelined else {}
+    buf = make([1.0, 1.0], seed=1, **kw)
+    b = buf.sample(8)
+    before = [s.buffer.priorities(np.arange(50)).copy() for s in buf.transport.shards]
+    bad = [
+        (np.r_[b.indices[:-1], 100], np.ones(8), b.keys, "indices"),  # past the capacity
+        (np.r_[b.indices[:-1], -1], np.ones(8), b.keys, "indices"),
+        (b.indices, np.r_[np.ones(7), np.nan], b.keys, "td_errors"),
+        (b.indices, np.r_[np.ones(7), np.inf], b.keys, "td_errors"),
+        (b.indices, np.ones(8), np.r_[b.keys[:-1], 50], "keys"),  # never issued
+        (b.indices, np.ones(8), np.r_[b.keys[:-1], -3], "keys"),
+        (b.indices, np.ones(7), b.keys, "td_errors"),  # one short
+        (b.indices.astype(np.uint64), np.ones(8),
+         np.r_[b.keys[:-1].astype(np.uint64), np.uint64(2**63)], "keys"),  # fmt: skip
+    ]
+    for idx, td, keys, name in bad:
+        with pytest.raises((ValueError, IndexError), match=name):
+            buf.update_priorities(idx, td, keys)
+    buf.flush()
+    after = [s.buffer.priorities(np.arange(50)) for s in buf.transport.shards]
+    for x, y in zip(before, after, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert buf.update_priorities(b.indices.astype(np.uint32), np.full(8, 2), b.keys, wait=True) == 8
+
+
+def test_replies_larger_than_the_socket_buffers_with_calls_in_flight_do_not_deadlock() -> None:
+    """Several calls in flight, each reply far larger than a socket's buffer: the shard keeps
+    reading requests while its replies wait to be read, so neither side waits on the other."""
+    buf = make([1.0, 3.0, 9.0], channel=True, seed=2, depth=3, batches_per_call=4)
+    done: list[int] = []
+
+    def run() -> None:
+        for _ in range(12):
+            b = buf.sample(20_000)  # 4 batches a call: ~3 MB a reply
+            buf.update_priorities(b, np.ones(20_000))
+        done.append(1)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(timeout=120)
+    assert done, "the learner and a shard waited on each other"
+    buf.transport.close_channels()

@@ -453,7 +453,7 @@ def test_on_ray_the_learner_calls_the_limiter_rarely_and_routers_share(ray_clust
             try:
                 rb.sample(b)
                 steps += 1
-                time.sleep(0.01)  # a training step: slower than the actors, who must wait
+                time.sleep(0.03)  # a training step: far slower than the actors, who must wait
             except RateLimitTimeout:
                 waits += 1
         elapsed = time.monotonic() - t0

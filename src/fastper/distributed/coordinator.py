@@ -64,6 +64,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from .. import schedules as _sched
+from .._kernels.routing import ROUTED, route_keyed
 from .._validation import (
     as_1d,
     as_index_array,
@@ -109,7 +110,7 @@ class _Request:
 
     b: int
     live: list[int]
-    splits: list[Split]
+    splits: list[Split]  # one split of all its batches' draws, end to end
     perms: list[np.ndarray | None]
     states: list[Any]  # the generator's state before each batch's draws
     shard: np.ndarray  # each draw's shard, all batches end to end
@@ -675,13 +676,15 @@ class ShardedReplayBuffer:
         live = self._live()
         totals = np.zeros(k, dtype=np.float64)
         totals[live] = [self._views[s].total for s in live]
-        states, splits, perms = [], [], []
-        for _ in range(m):
+        states, perms = [], []
+        u = np.empty((m, b), dtype=np.float64)
+        for j in range(m):  # per batch: its uniforms, then its order (one buffer's draws)
             states.append(self._rng.bit_generator.state if carry else None)  # strict: sample() keeps it
-            splits.append(split_points(self._rng.random(b), totals, self._stratified))
+            self._rng.random(out=u[j])
             perms.append(self._rng.permutation(b) if self._shuffle and b > 1 else None)
-        shard = np.concatenate([sp.shard for sp in splits]) if m > 1 else splits[0].shard
-        local = np.concatenate([sp.local for sp in splits]) if m > 1 else splits[0].local
+        split = split_points(u if m > 1 else u[0], totals, self._stratified)  # all at once
+        splits = [split]
+        shard, local = split.shard, split.local
         counts = np.bincount(shard, minlength=k)
         if int(np.count_nonzero(counts)) > 1:  # shard-major; batch and draw order kept within
             order = np.argsort(shard, kind="stable")
@@ -707,7 +710,7 @@ class ShardedReplayBuffer:
         """Wait for a call's replies and turn them into ready batches. O(mB + K x fields)."""
         replies = self._t.results(req.calls)  # if this raises, the call stays to be abandoned
         self._inflight.remove(req)
-        k, m, b = self.n_shards, len(req.splits), req.b
+        k, m, b = self.n_shards, len(req.perms), req.b
         cur_tot = np.zeros(k, dtype=np.float64)
         cur_min = np.full(k, np.inf)
         size = 0
@@ -892,6 +895,10 @@ class ShardedReplayBuffer:
         idx = as_1d("indices", indices, "iu")
         td = as_1d("td_errors", td_errors, "iuf")
         use_keys = keys is not None
+        if use_keys and not self._lost and not self._restored:
+            routed = self._route_fast(idx, td, as_1d("keys", keys, "iu"))
+            if routed is not None:
+                return self._commit_updates(routed, wait)
         k = as_1d("keys", keys, "iu") if use_keys else idx
         for name, arr in (("td_errors", td), ("keys", k)):
             if arr.shape[0] != idx.shape[0]:
@@ -903,13 +910,6 @@ class ShardedReplayBuffer:
         td = as_value_array("td_errors", td, idx.shape[0], nonnegative=False)
         owner = self._split_indices(idx)
         slots = idx - self._offsets[owner]
-        if use_keys and not self._lost and not self._restored and k.shape[0]:
-            # the common case in a few array operations: every shard live, none restored, so
-            # a key is the shard's own counter; anything unusual takes the full path below
-            added = np.fromiter((v.added for v in self._views), np.int64, self.n_shards)
-            written = np.minimum(added, self._capacities)
-            if (int(k.min()) >= 0 and not ((slots >= written[owner]) | (k >= added[owner])).any()):
-                return self._commit_updates((owner, slots, td, k), wait)
         live = ~np.isin(owner, self._lost) if self._lost else np.ones(idx.shape[0], dtype=bool)
         current = live
         local = None
@@ -953,6 +953,27 @@ class ShardedReplayBuffer:
             sel = np.flatnonzero(current)
             entry = (owner[sel], slots[sel], td[sel], None if local is None else local[sel])
         return self._commit_updates(entry, wait)
+
+    def _route_fast(
+        self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The common case in one compiled pass (every shard live, none restored, so a key
+        is its shard's own counter): ``(owner, slot, td, key)``, or ``None`` when anything
+        needs the full path (which names the problem, or asks the shards first). O(B log K)."""
+        n = idx.shape[0]
+        if n == 0 or td.shape[0] != n or keys.shape[0] != n:
+            return None
+        added = np.fromiter((v.added for v in self._views), np.int64, self.n_shards)
+        written = np.minimum(added, self._capacities)
+        idx64 = idx.astype(np.int64, copy=False)
+        keys64 = keys.astype(np.int64, copy=False)
+        tdf = td.astype(np.float64, copy=False)
+        owner = np.empty(n, dtype=np.int64)
+        slots = np.empty(n, dtype=np.int64)
+        status, _ = route_keyed(idx64, tdf, keys64, self._offsets, written, added, owner, slots)
+        if status != ROUTED:
+            return None
+        return owner, slots, tdf, keys64
 
     def _commit_updates(
         self, entry: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], wait: bool

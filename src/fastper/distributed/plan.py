@@ -84,7 +84,9 @@ class Split:
 def split_points(u: np.ndarray, totals: np.ndarray, stratified: bool) -> Split:
     """Assign ``len(u)`` draws to shards by their totals. O(B log K).
 
-    ``u`` are uniforms in [0, 1); the points are
+    ``u`` are uniforms in [0, 1), one batch (``(B,)``) or ``M`` batches drawn
+    over the same views (``(M, B)``: each batch its own strata, the draws
+    end to end in the result); the points are
     :func:`fastper.policy.stratified_targets` over the summed mass (stratified
     draw ``j`` at ``(j + u_j) * sum / B``, the single buffer's formula;
     otherwise ``u_j * sum``). A point goes to the first shard whose running
@@ -92,11 +94,15 @@ def split_points(u: np.ndarray, totals: np.ndarray, stratified: bool) -> Split:
     shards' leaves in shard order would send it.
     """
     totals = np.asarray(totals, dtype=np.float64)
-    b = u.shape[0]
     cum = np.cumsum(totals)
     view_sum = float(cum[-1])
-    positions = np.arange(b, dtype=np.float64) if stratified else None
-    points = stratified_targets(u, view_sum, positions)
+    if u.ndim == 2:  # several batches over the same views, each its own strata, end to end
+        b = u.shape[1]
+        positions = np.arange(b, dtype=np.float64)[:, None] if stratified else None
+        points = np.ascontiguousarray(stratified_targets(u.T, view_sum, positions).T).ravel()
+    else:
+        positions = np.arange(u.shape[0], dtype=np.float64) if stratified else None
+        points = stratified_targets(u, view_sum, positions)
     shard = np.searchsorted(cum, points, side="right")
     # a point at (or rounded onto) the sum: the last shard with mass, as the tree does
     last = int(np.flatnonzero(totals > 0.0)[-1])

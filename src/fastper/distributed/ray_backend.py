@@ -125,11 +125,13 @@ class ShardHost(Shard):
         """Raw priorities p_i of written slots (for checks and tests). O(B)."""
         return np.asarray(self.buffer.priorities(slots))
 
-    def open_channel(self, token: bytes) -> tuple[str, int]:
+    def open_channel(self, token: bytes, local: bool = False) -> Any:
         """Listen for the learner's socket channel (see :mod:`.wire`); the address to connect to.
 
-        Binds to this node's IP; a connection must present ``token`` first.
-        Opening it again closes the previous listener (a restarted learner).
+        Binds to this node's IP (a ``(host, port)``), or with ``local`` (the
+        learner runs on this node) to a Linux abstract Unix socket (its name).
+        A connection must present ``token`` first. Opening it again closes
+        the previous listener (a restarted learner).
         """
         from .wire import ChannelServer
 
@@ -137,7 +139,7 @@ class ShardHost(Shard):
         if old is not None:
             old.close()
         host = str(require_ray().util.get_node_ip_address())
-        server = ChannelServer({"step": self.channel_step}, bytes(token), host)
+        server = ChannelServer({"step": self.channel_step}, bytes(token), host, local=bool(local))
         self._channel_server = server
         return server.address
 
@@ -752,7 +754,8 @@ def load_on_ray(
 def socket_channels(t: RayTransport, *, connect_timeout: float = 30.0) -> Any:
     """``t`` with the learner's hot calls on direct socket channels (see :mod:`.wire`).
 
-    Each shard actor listens on its node's IP (:meth:`ShardHost.open_channel`)
+    Each shard actor listens on its node's IP (:meth:`ShardHost.open_channel`),
+    or on a Linux abstract Unix socket when it runs on the learner's node,
     for a connection presenting a fresh random token; ``step`` calls then go
     over that connection and everything else through ``t``. One round trip
     per shard to open them. Returns a :class:`~fastper.distributed.wire.ChannelTransport`.
@@ -761,12 +764,20 @@ def socket_channels(t: RayTransport, *, connect_timeout: float = 30.0) -> Any:
 
     from .wire import TOKEN_BYTES, Channel, ChannelTransport
 
+    here = str(require_ray().get_runtime_context().get_node_id())
+
     def connect(s: int) -> Channel:
         token = secrets.token_bytes(TOKEN_BYTES)
-        host, port = t.results([t.submit(s, "open_channel", token)])[0]
+        local = t.nodes[s] == here  # the same host: a Unix socket, not TCP loopback
+        address = t.results([t.submit(s, "open_channel", token, local)])[0]
+        if not isinstance(address, str):
+            address = (str(address[0]), int(address[1]))
         try:
-            return Channel(s, (host, port), token, timeout=connect_timeout)
+            return Channel(s, address, token, timeout=connect_timeout)
         except OSError as exc:
-            raise ShardLostError(s, f"its socket channel at {host}:{port} could not be opened ({exc})") from exc
+            raise ShardLostError(
+                s, f"its socket channel at {address!r} could not be opened ({exc}); "
+                "where a firewall admits only Ray's ports, use channel='ray'",
+            ) from exc  # fmt: skip
 
     return ChannelTransport(t, connect)

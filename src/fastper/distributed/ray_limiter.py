@@ -346,14 +346,8 @@ class RateLimiterActor:
             ValueError: the range is too narrow for a batch this large.
             RateLimitTimeout, RateLimiterCancelled: as for :meth:`admit_insert`.
         """
-        b = check_int("count", count, minimum=1)
         lim = self.limiter
-        if not lim.admits_batch(b):
-            raise ValueError(
-                f"a batch of {b} can never pass this rate limiter: its range [{lim.min_diff:g}, "
-                f"{lim.max_diff:g}] must be at least batch_size + samples_per_insert = "
-                f"{b + lim.samples_per_insert:g} wide; widen error_buffer"
-            )
+        b = lim.check_batch(check_int("count", count, minimum=1))
         return await self._wait(
             "sample", lambda: lim.can_sample(b, self._size()), lambda: lim.record_sample(b), timeout
         )
@@ -579,15 +573,7 @@ class RateLimitedSharded:
         return int(min(self._rule.inserts, self.sharded.capacity))
 
     def _check(self, batch_size: Any) -> int:
-        b = check_int("batch_size", batch_size, minimum=1)
-        lim = self._rule
-        if not lim.admits_batch(b):
-            raise ValueError(
-                f"a batch of {b} can never pass this rate limiter: its range [{lim.min_diff:g}, "
-                f"{lim.max_diff:g}] must be at least batch_size + samples_per_insert = "
-                f"{b + lim.samples_per_insert:g} wide; widen error_buffer"
-            )
-        return b
+        return self._rule.check_batch(check_int("batch_size", batch_size, minimum=1))
 
     def can_sample(self, batch_size: int = 1) -> bool:
         """Whether ``sample(batch_size)`` would go ahead now without waiting. No call.
