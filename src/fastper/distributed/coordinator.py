@@ -78,7 +78,7 @@ from ..batch import SampleBatch, check_batch_size
 from ..checkpoint import make_parent
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
 from ..policy import NORMS, is_weights, probabilities
-from .plan import ShardView, Split, draw_masses, rendezvous, split_points
+from .plan import ShardView, Split, draw_masses, group_by_shard, rendezvous, split_points
 from .shard import DRAW_EMPTY, DRAW_OK, DRAW_ZERO
 from .transport import LocalTransport, ShardLostError, ShardLostWarning, Transport
 
@@ -424,14 +424,9 @@ class ShardedReplayBuffer:
             slots = np.concatenate([p[1] for p in parts])
             td = np.concatenate([p[2] for p in parts])
             keys = None if parts[0][3] is None else np.concatenate([p[3] for p in parts])
-        counts = np.bincount(owner, minlength=self.n_shards)
-        shards = np.flatnonzero(counts)
-        if shards.shape[0] == 1:
-            return {int(shards[0]): (slots, td, keys)}
-        order = np.argsort(owner, kind="stable")  # call order kept within a shard
-        bounds = np.concatenate(([0], np.cumsum(counts)))
+        order, bounds = group_by_shard(owner, self.n_shards)  # call order kept within a shard
         out = {}
-        for s in shards.tolist():
+        for s in np.flatnonzero(np.diff(bounds)).tolist():
             sel = order[bounds[s] : bounds[s + 1]]
             out[s] = (slots[sel], td[sel], None if keys is None else keys[sel])
         return out
@@ -685,12 +680,8 @@ class ShardedReplayBuffer:
         split = split_points(u if m > 1 else u[0], totals, self._stratified)  # all at once
         splits = [split]
         shard, local = split.shard, split.local
-        counts = np.bincount(shard, minlength=k)
-        if int(np.count_nonzero(counts)) > 1:  # shard-major; batch and draw order kept within
-            order = np.argsort(shard, kind="stable")
-        else:
-            order = np.arange(shard.shape[0], dtype=np.int64)
-        bounds = np.concatenate(([0], np.cumsum(counts)))
+        order, bounds = group_by_shard(shard, k)  # shard-major; batch and draw order kept within
+        counts = np.diff(bounds)
         updates = self._take_queued() if carry else {}
         calls, seqs = [], []
         for s in live:

@@ -35,7 +35,8 @@ import numpy as np
 from ..policy import is_weights, probabilities, stratified_targets
 
 __all__ = [
-    "ShardView", "Split", "combine_weights", "draw_masses", "global_masses", "rendezvous",
+    "ShardView", "Split", "combine_weights", "draw_masses", "global_masses", "group_by_shard",
+    "rendezvous",
     "split_points",
 ]  # fmt: skip
 
@@ -66,19 +67,18 @@ class Split:
     view_totals: np.ndarray
     view_sum: float
 
-    def draws_of(self, s: int) -> np.ndarray:
-        """Positions (in draw order) of the draws that went to shard ``s``. O(B)."""
-        return np.flatnonzero(self.shard == s)
 
-    def groups(self) -> list[np.ndarray]:
-        """Positions (in draw order) of the draws of every shard, one array per shard.
+def group_by_shard(shard: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries grouped by shard, keeping their order within each: ``(order, bounds)``.
 
-        O(B log B + K): one stable sort of the shard numbers.
-        """
-        k = self.view_totals.shape[0]
-        order = np.argsort(self.shard, kind="stable")
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(self.shard, minlength=k))))
-        return [order[bounds[s] : bounds[s + 1]] for s in range(k)]
+    Shard ``s``'s entries are ``order[bounds[s]:bounds[s + 1]]``, in the order
+    given (a stable sort, skipped when one shard has them all). O(B log B + K).
+    """
+    counts = np.bincount(shard, minlength=k)
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    if int(np.count_nonzero(counts)) > 1:
+        return np.argsort(shard, kind="stable"), bounds
+    return np.arange(shard.shape[0], dtype=np.int64), bounds
 
 
 def split_points(u: np.ndarray, totals: np.ndarray, stratified: bool) -> Split:
