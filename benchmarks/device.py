@@ -23,7 +23,8 @@ device variants, numpy for the reference). Variants:
 
 1. ``fastper.device.DevicePrioritizedReplayBuffer(backend="torch", validate=False)``
    (sync-free), ``update_priorities(batch.indices, td, keys=batch.keys)``;
-2. the same with ``validate=True`` (one flag read back per update);
+2. the same with ``validate=True`` (the default: checked on the device, no read-back);
+   on cuda also ``graphed_step(B)`` of it (the step replayed from two CUDA graphs);
 3. on the cpu device only, ``backend="numba"`` (the CPU default; ``validate=True``);
 4. ``fastper.PrioritizedReplayBuffer`` (host) + ``SampleBatch.to_torch(device)``,
    update from the device td tensor brought back with ``.cpu().numpy()``
@@ -45,6 +46,13 @@ its keys still fresh: nothing is added while timing). A block is timed with
 runs before reading the clock at both ends, never inside the block. Reported:
 the median over rounds of each block's time per step (us), and the median over
 rounds of the round's ratio loop / reference loop.
+
+Operations: after the timing, one step of each variant runs under a
+``TorchDispatchMode`` counter: the column ``torch ops / step`` is the number of
+ATen operations it dispatched, views and aliases excluded (their schema
+returns an alias of an input; they make metadata and launch nothing). On a GPU
+each one is at least one kernel launch; the numba and numpy variants dispatch
+few or none. (``tests/device/op_count.py`` applies the same rule.)
 
 Syncs (cuda only): after the timing, 20 steps of each device variant run
 under ``torch.cuda.set_sync_debug_mode("warn")``; the synchronising-operation
@@ -82,6 +90,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastper
 import fastper.device as fd
@@ -124,6 +133,25 @@ class DeviceVariant(Variant):
 
     def update(self, handle: fd.DeviceBatch, td: torch.Tensor) -> None:
         self.buf.update_priorities(handle.indices, td, keys=handle.keys)
+
+
+class GraphedVariant(Variant):
+    """``DevicePrioritizedReplayBuffer.graphed_step``: sample and update from CUDA graphs."""
+
+    def __init__(self, key: str, label: str, buf: fd.DevicePrioritizedReplayBuffer) -> None:
+        self.key, self.label, self.buf = key, label, buf
+        self.steps: dict[int, fd.GraphedStep] = {}
+
+    def _step(self, b: int) -> fd.GraphedStep:
+        if b not in self.steps:
+            self.steps[b] = self.buf.graphed_step(b)
+        return self.steps[b]
+
+    def sample(self, b: int) -> fd.DeviceBatch:
+        return self._step(b).sample()
+
+    def update(self, handle: fd.DeviceBatch, td: torch.Tensor) -> None:
+        self._step(len(handle)).update(td)
 
 
 class HostVariant(Variant):
@@ -267,6 +295,11 @@ def build(setup: Setup, notes: dict[str, str]) -> list[Variant]:
             key, f"fastper.device, backend={backend}, validate={validate}", buf
         ))  # fmt: skip
         print(f"  filled {key} in {time.perf_counter() - t0:.1f} s", flush=True)
+        if dev.type == "cuda" and key == "torch_v":
+            graphed = fill_device(setup, backend, validate)
+            variants.append(GraphedVariant(
+                "graphed", "fastper.device, backend=torch, validate=True, graphed_step", graphed
+            ))  # fmt: skip
     t0 = time.perf_counter()
     host = fill_host(setup)
     print(f"  filled the host buffer in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -348,6 +381,29 @@ def count_syncs(v: Variant, b: int, tds: list[Any]) -> float:
     return len(syncs) / SYNC_STEPS
 
 
+class _OpCounter(TorchDispatchMode):
+    """Non-view ATen operations dispatched inside the block (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        view = getattr(func, "is_view", False) or any(
+            r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns
+        )
+        self.count += not view
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(v: Variant, b: int, tds: list[Any]) -> int:
+    """Torch operations of one step (sample + update) of a warm variant."""
+    v.update(v.sample(b), tds[0])
+    with _OpCounter() as counter:
+        v.update(v.sample(b), tds[1 % len(tds)])
+    return counter.count
+
+
 @dataclass
 class Result:
     key: str
@@ -357,6 +413,7 @@ class Result:
     ratio_range: tuple[float, float] = (math.nan, math.nan)
     syncs: float | None = None
     steps: int = 0
+    ops: int | None = None
 
 
 def measure(
@@ -394,6 +451,7 @@ def measure(
         res.ratio_range = (float(ratios.min()), float(ratios.max()))
         if device.type == "cuda" and v.device_side:
             res.syncs = count_syncs(v, b, pools.for_variant(v))
+        res.ops = count_ops(v, b, pools.for_variant(v))
         results.append(res)
     return results
 
@@ -467,8 +525,8 @@ def _syncs_cell(r: Result, device: torch.device) -> str:
 def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str]:
     lines = [
         "| variant | sample + update us | ratio vs reference [range] | sample us | update us "
-        "| syncs / step | steps / block |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| syncs / step | torch ops / step | steps / block |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sec.results:
         ratio = (
@@ -478,10 +536,10 @@ def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str
         )
         lines.append(
             f"| {r.label} | {r.us['loop']:,.0f} | {ratio} | {r.us['sample']:,.0f} "
-            f"| {r.us['update']:,.0f} | {_syncs_cell(r, device)} | {r.steps} |"
+            f"| {r.us['update']:,.0f} | {_syncs_cell(r, device)} | {r.ops} | {r.steps} |"
         )
     if "torchrl" in notes:
-        lines.append(f"| TorchRL | {notes['torchrl']} | - | - | - | - | - |")
+        lines.append(f"| TorchRL | {notes['torchrl']} | - | - | - | - | - | - |")
     return lines
 
 
@@ -504,6 +562,14 @@ def targets(sections: list[Section], device: torch.device, capacity: int) -> lis
                 gpu + f"{r.us['loop']:,.0f} us, {r.syncs:g} syncs / step "
                 f"(threads {s.threads}): **{'PASS' if ok else 'FAIL'}**."
             )
+    fields = len(FIELDS)
+    for s in sections:
+        ops = [r.ops for r in s.results if r.key in ("torch_nv", "torch_v")]
+        out.append(
+            f"- torch back end, B = {s.batch}: {max(ops)} torch operations per step (sample + "
+            f"update, {fields} fields: one gather each), the same at any capacity; the budget "
+            "tested at B = 256 with 2 fields is 40 (tests/device/test_op_count.py)."
+        )
     cpu = "- CPU device: sample + update of the device buffer within 3x of the numba CPU buffer"
     if device.type != "cpu":
         out.append(cpu + ": not evaluated (needs the cpu device).")

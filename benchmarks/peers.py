@@ -11,7 +11,11 @@ machine does not hit one library only); the peers are imported only there.
 Each worker first checks its library on a small case with known priorities,
 then fills a buffer (proportional PER, alpha 0.6, beta 0.4, a CartPole-like
 transition of 48 bytes) and times fill, sample, update and the learner step
-(sample + update). This process collects the results and writes
+(sample + update); fastper's worker then times, in the same process, the
+memory-latency floor of that step (``latency_floor.py``: the cache lines the
+step reads, read at random by B independent chains and nothing else), shown
+as ``floor us`` and ``fastper / floor`` in the summary tables and printed at
+the end. This process collects the results and writes
 ``peers.csv``, ``peers.md`` and ``peers.png`` to ``--out``, plus the time to
 first sample of a fresh ``python -c "import fastper; ..."`` with numba's cache
 warm and cold.
@@ -343,6 +347,24 @@ def nothing_measured(a: argparse.Namespace, results: list[dict[str, Any]]) -> st
     return f"no peer library could be measured ({why[:400]}); install them with {INSTALL}"
 
 
+def floor_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per (N, B) that fastper's worker measured: learner step, floor, ratio."""
+    lines = []
+    for r in results:
+        if r["lib"] != "fastper":
+            continue
+        rows = {(row["op"], row["batch"]): row["median_us"] for row in r.get("rows", [])}
+        for (op, b), floor in sorted(rows.items(), key=lambda x: x[0][1] or 0):
+            step = rows.get(("learner_step", b))
+            if op != "floor" or not floor or not step:
+                continue
+            lines.append(
+                f"[peers] fastper N={r['capacity']} B={b}: learner step {step:.1f} us, "
+                f"floor us {floor:.1f}, fastper / floor {step / floor:.2f}"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every (library, capacity) worker in turn and write the report."""
     a = parse_args(argv)
@@ -413,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"[peers] no figure: {exc}", file=sys.stderr)
     (a.out / "peers.json").write_text(json.dumps({"meta": meta, "results": results, "ttfs": ttfs}))
+    for line in floor_lines(results):
+        print(line, file=sys.stderr)
     print(f"[peers] wrote {a.out}/peers.{{csv,md,png,json}} in {total_s:.0f} s", file=sys.stderr)
     return 0
 

@@ -26,6 +26,7 @@ CSV_COLUMNS = [
     "notes",
 ]
 TIMED_OPS = ["sample", "update", "learner_step"]
+FLOOR_OP = "floor"  # latency_floor.OP: measured in fastper's worker, one row per batch size
 SUMMARY_OPS = [
     ("learner_step", "learner step (sample + update), us/call"),
     ("update", "update, us/call"),
@@ -166,7 +167,7 @@ def _index(results: list[dict[str, Any]]) -> dict[tuple[str, int, int | None, st
     out: dict[tuple[str, int, int | None, str], dict] = {}
     for r in results:
         for row in r.get("rows", []):
-            batch = row["batch"] if row["op"] in TIMED_OPS else None
+            batch = row["batch"] if row["op"] in TIMED_OPS or row["op"] == FLOOR_OP else None
             out[(r["lib"], r["capacity"], batch, row["op"])] = row
     return out
 
@@ -232,12 +233,36 @@ def summary_tables(results: list[dict[str, Any]], batch: int) -> list[str]:
             else:
                 best, ratio = "n/a", "n/a"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {best} | {ratio} |")
+        lines += _floor_lines(idx, libs, cap, batch)
         lines.append("")
     lines.append(
         "Medians. A ratio above 1 means fastper is faster (or smaller) than the best peer. "
         "`~` marks a fill extrapolated from single adds; n/a: library unavailable or failed."
     )
+    if any(k[3] == FLOOR_OP for k in idx):
+        lines += [
+            "",
+            "floor us: the memory-latency floor of fastper's learner step, measured in its "
+            "worker process right after the step (benchmarks/latency_floor.py: the same cache "
+            "lines read at random by B independent chains, nothing else); fastper / floor: "
+            "the learner step over it.",
+        ]
     return lines
+
+
+def _floor_lines(idx: dict, libs: list[str], cap: int, batch: int) -> list[str]:
+    """The summary's floor rows at one N: ``floor us`` and ``fastper / floor``."""
+    floor = _value(idx.get(("fastper", cap, batch, FLOOR_OP)))
+    if floor is None or "fastper" not in libs:
+        return []
+    step = _value(idx.get(("fastper", cap, batch, "learner_step")))
+    ratio = f"{step / floor:.2f}x" if step and floor > 0 else "n/a"
+
+    def row(label: str, value: str) -> str:
+        cells = [value if lib == "fastper" else "-" for lib in libs]
+        return f"| {label} | " + " | ".join(cells) + " | - | - |"
+
+    return [row("floor us (memory-latency probe)", fmt(floor)), row("fastper / floor", ratio)]
 
 
 def _library_table(results: list[dict[str, Any]]) -> list[str]:

@@ -304,6 +304,14 @@ def run(
         rng = np.random.default_rng(seed + 1)
         _prime(ad, capacity, rng)
         rows.extend(_time_ops(ad, batches, calls, warmup, rng))
+        if lib == "fastper":  # in the same process, beside the step: its memory-latency floor
+            import latency_floor
+
+            probe = latency_floor.Floor(capacity)
+            for b in batches:
+                us = probe.time_calls(b, calls, warmup, seed)
+                rows.append(summary(latency_floor.OP, b, us, probe.describe()))
+            del probe
     except BaseException as exc:  # noqa: BLE001
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()

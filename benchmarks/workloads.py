@@ -2,12 +2,13 @@
 
     python benchmarks/workloads.py [--capacities 1048576 4194304] [--out benchmarks/results/workloads.md]
 
-Rows (with their target ratios): a linear alpha schedule vs a constant alpha
-(<= 1.2x), rank-based and uniform replay vs proportional with one add, one
-sample and one update per step, full and half full (rank <= 2x), an n-step add
-of one transition vs a plain one (<= 2x) and a 4-env vector step vs a plain
-4-row batch (<= 2x). Each pair runs in interleaved rounds (median of the rounds'
-medians): this shared 2-core machine's speed drifts by up to 2x within minutes.
+Rows (with their target ratios, `fastper._bench.TARGETS`), full and half full:
+a linear alpha schedule vs a constant alpha (<= 1.1x), rank-based and uniform
+replay vs proportional with one add, one sample and one update per step (rank
+<= 1.5x); then an n-step add of one transition vs a plain one and a 4-env
+vector step vs a plain 4-row batch (<= 1.5x). Each pair runs in interleaved
+rounds (median of the rounds' medians, and the range of the rounds' ratios):
+this shared 2-core machine's speed drifts by up to 2x within minutes.
 Each capacity runs in its own process. `fastper bench --workloads` prints one
 capacity's table.
 """

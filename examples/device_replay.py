@@ -35,7 +35,6 @@ def main(
     buf = fd.DevicePrioritizedReplayBuffer(
         50_000, fields, device=dev, alpha=0.6,
         beta=fastper.schedules.linear(0.4, 1.0, steps), seed=seed,
-        validate=False,  # no host sync in update_priorities (bad entries dropped, counted)
     )  # fmt: skip
     q = torch.nn.Sequential(
         torch.nn.Linear(n_actions, 64), torch.nn.ReLU(), torch.nn.Linear(64, n_actions)

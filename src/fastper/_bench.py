@@ -159,6 +159,10 @@ NSTEP_FIELDS = {
 }
 
 
+#: The largest acceptable cost of each feature, as a ratio to its reference.
+TARGETS = {"alpha schedule": 1.1, "rank": 1.5, "n-step": 1.5}
+
+
 @dataclass(frozen=True)
 class Pair:
     """One workload timed beside its reference, in interleaved rounds."""
@@ -168,6 +172,8 @@ class Pair:
     median_us: float
     reference_us: float
     target: float | None  # the largest acceptable ratio median / reference (None: none set)
+    #: the lowest and highest ratio of one round (workload and reference timed back to back)
+    spread: tuple[float, float] = (float("nan"), float("nan"))
 
     @property
     def ratio(self) -> float:
@@ -176,13 +182,19 @@ class Pair:
 
 def _interleaved(
     fns: tuple[Callable[[], object], Callable[[], object]], rounds: int, calls: int
-) -> tuple[float, float]:
-    """Medians over rounds of each round's median per call, A and B alternating."""
+) -> tuple[float, float, tuple[float, float]]:
+    """Medians over rounds of each round's median per call, A and B alternating,
+    and the range of the rounds' ratios A / B."""
     meds: list[list[float]] = [[], []]
     for _ in range(rounds):
         for j, fn in enumerate(fns):
             meds[j].append(float(np.median(_time(fn, calls, warmup=3))))
-    return float(np.median(meds[0])), float(np.median(meds[1]))
+    ratios = np.asarray(meds[0]) / np.asarray(meds[1])
+    return (
+        float(np.median(meds[0])),
+        float(np.median(meds[1])),
+        (float(ratios.min()), float(ratios.max())),
+    )
 
 
 def _filled(kind: str, capacity: int, n: int, seed: int = 0, **kw: object) -> BaseBuffer:
@@ -225,25 +237,27 @@ def run_workloads(
     from . import schedules
 
     out: list[Pair] = []
-    # 1. an alpha schedule vs a constant alpha (learner step with an actor)
-    const = _filled("proportional", capacity, capacity)
-    sched = _filled("proportional", capacity, capacity, alpha=schedules.linear(0.4, 0.9, 10**9))
-    a, b = _interleaved((_actor_learner(sched, batch_size), _actor_learner(const, batch_size)),
-                        rounds, calls)  # fmt: skip
-    out.append(Pair("proportional, linear alpha schedule", "constant alpha", a, b, 1.2))
-    del const, sched
-    # 2. each buffer kind, full and half full, vs proportional
     for frac, label in ((1.0, "full"), (0.5, "half full")):
         n = int(capacity * frac)
         prop = _filled("proportional", capacity, n)
+        # 1. an alpha schedule vs a constant alpha (learner step with an actor)
+        sched = _filled("proportional", capacity, n, alpha=schedules.linear(0.4, 0.9, 10**9))
+        a, b, spread = _interleaved(
+            (_actor_learner(sched, batch_size), _actor_learner(prop, batch_size)), rounds, calls
+        )
+        out.append(Pair(f"proportional, linear alpha schedule, {label}", "constant alpha", a, b,
+                        TARGETS["alpha schedule"], spread))  # fmt: skip
+        del sched
+        # 2. each buffer kind vs proportional
         for kind in ("rank", "uniform"):
             other = _filled(kind, capacity, n)
-            a, b = _interleaved(
+            a, b, spread = _interleaved(
                 (_actor_learner(other, batch_size), _actor_learner(prop, batch_size)),
                 rounds, calls,
             )  # fmt: skip
-            target = 2.0 if kind == "rank" else None
-            out.append(Pair(f"{kind}, add+sample+update, {label}", "proportional", a, b, target))
+            target = TARGETS["rank"] if kind == "rank" else None
+            out.append(Pair(f"{kind}, add+sample+update, {label}", "proportional", a, b, target,
+                            spread))  # fmt: skip
             del other
         del prop
     # 3. n-step adds vs plain adds of the same rows
@@ -252,12 +266,15 @@ def run_workloads(
     plain = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, seed=0)
     nstep = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, n_step=3, gamma=0.99, seed=0)
     one = {k: v[0] for k, v in rows.items()}
-    a, b = _interleaved((lambda: nstep.add(one), lambda: plain.add(one)), rounds, calls * 5)
-    out.append(Pair("n-step add (n=3), one transition", "plain add, one transition", a, b, 2.0))
+    a, b, spread = _interleaved((lambda: nstep.add(one), lambda: plain.add(one)), rounds, calls * 5)
+    out.append(Pair("n-step add (n=3), one transition", "plain add, one transition", a, b,
+                    TARGETS["n-step"], spread))  # fmt: skip
     vec_plain = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, seed=0)
     vec = PrioritizedReplayBuffer(capacity, NSTEP_FIELDS, n_step=3, gamma=0.99, n_envs=4, seed=0)
-    a, b = _interleaved((lambda: vec.add(rows), lambda: vec_plain.add(rows)), rounds, calls * 5)
-    out.append(Pair("n-step add (n=3), 4-env vector step", "plain add, 4-row batch", a, b, 2.0))
+    a, b, spread = _interleaved((lambda: vec.add(rows), lambda: vec_plain.add(rows)), rounds,
+                                calls * 5)  # fmt: skip
+    out.append(Pair("n-step add (n=3), 4-env vector step", "plain add, 4-row batch", a, b,
+                    TARGETS["n-step"], spread))  # fmt: skip
     return out
 
 
@@ -274,8 +291,8 @@ def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:
         + (f" (2^{capacity.bit_length() - 1})" if capacity & (capacity - 1) == 0 else "")
         + f", B = {batch_size}",
         "",
-        "| workload | us/call | reference | us/call | ratio | target |",
-        "|---|---:|---|---:|---:|---:|",
+        "| workload | us/call | reference | us/call | ratio | rounds' ratios | target |",
+        "|---|---:|---|---:|---:|---|---:|",
     ]
     for p in pairs:
         if p.target is None:
@@ -284,6 +301,6 @@ def format_workloads(pairs: list[Pair], capacity: int, batch_size: int) -> str:
             goal = f"<= {p.target:g}x ({'met' if p.ratio <= p.target else 'not reached'})"
         lines.append(
             f"| {p.name} | {p.median_us:.1f} | {p.reference} | {p.reference_us:.1f} | "
-            f"{p.ratio:.2f}x | {goal} |"
+            f"{p.ratio:.2f}x | {p.spread[0]:.2f} - {p.spread[1]:.2f} | {goal} |"
         )
     return "\n".join(lines)

@@ -43,6 +43,8 @@ def locked(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if self._run_count:  # new transitions' priorities not yet in the index
+                self._flush_run()
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -77,6 +79,12 @@ class BufferCore:
     _allow_nonfinite: bool = False
     #: the float reward field whose values an add checks are finite (None: no check)
     _reward_check: str | None = None
+    #: slots written by single adds whose (shared) new priority the index has not yet
+    #: taken: a run from ``_run_start``; every locked call applies it first
+    _run_count: int = 0
+
+    def _flush_run(self) -> None:  # pragma: no cover - host buffers defer runs
+        raise NotImplementedError
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Python would name the private ``_Buffer.__init__`` for a misspelt keyword

@@ -13,6 +13,7 @@ transition is written into it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +23,35 @@ from ._validation import as_index_array, as_value_array, check_int, check_row_id
 from .buffer_core import locked
 from .buffer_sampling import SamplingMixin
 from .samplers import PriorityMax
-from .storage import Field, coerce_batch
+from .storage import DirectRows, Field, Storage, coerce_batch
 
 __all__ = ["RowsMixin"]
+
+#: the longest run of single adds whose priorities wait for the index: a flush
+#: stays O(RUN_LIMIT + log N)
+RUN_LIMIT = 1024
+
+
+def _finite(value: Any) -> bool:
+    """Whether every number of a reward matched by the no-cast path is finite. O(1) for one.
+
+    False may also mean "not sure" (a sum of squares that overflows): the
+    general path then checks the rows one by one.
+    """
+    t = type(value)
+    if t is float:
+        return math.isfinite(value)
+    if t is np.ndarray:
+        if value.dtype.kind != "f":
+            return True
+        if value.size == 1:
+            return math.isfinite(value.item())
+        if value.ndim == 1:  # NaN and inf propagate through v @ v; one call, no temporary
+            return math.isfinite(value @ value)
+        return bool(np.isfinite(value).all())
+    if t is int or t is bool:
+        return True
+    return math.isfinite(value)  # a numpy scalar of the field's dtype
 
 
 class RowsMixin(SamplingMixin):
@@ -32,12 +59,17 @@ class RowsMixin(SamplingMixin):
 
     _input_fields: dict[str, Field]
     _current_max: PriorityMax | None
+    #: (storage, its no-cast path): rebuilt when a load swaps the storage
+    _direct: tuple[Any, DirectRows | None] | None = None
+    _run_start: int = 0
+    _run_priority: float = 0.0
+    #: the no-cast matcher of the n-step input (built on first use)
+    _window_matcher: DirectRows | None = None
 
     def _new_priority(self) -> float:  # pragma: no cover - the buffer's
         raise NotImplementedError
 
     # -- add ---------------------------------------------------------------------
-    @locked
     def add(
         self, transition: Mapping[str, Any], priorities: Any = None, *, env_ids: Any = None
     ) -> np.ndarray:
@@ -72,11 +104,20 @@ class RowsMixin(SamplingMixin):
                 ``n_envs``).
             FieldTypeError: a value that cannot be cast safely.
         """
+        with self._lock:  # (not @locked: one call frame less on the most frequent call)
+            if type(transition) is dict and priorities is None and env_ids is None:
+                slots = self._add_direct(transition)
+                if slots is not None:
+                    return slots
+            return self._add(transition, priorities, env_ids)
+
+    def _add(self, transition: Mapping[str, Any], priorities: Any, env_ids: Any) -> np.ndarray:
+        """``add`` by the general path: every value checked and cast (under the lock)."""
         if self._frames is not None:
             return self._add_frames(transition, priorities, env_ids)
         if self._nstep is not None:
             self._refuse_priorities_with_windows(priorities)
-            batch, k = coerce_batch(self._nstep.fields, transition, None)
+            batch, k = self._window_batch(transition)
             self._check_rewards(batch)
             plan = self._plan_windows(batch, k, env_ids)
             out, m = plan.out, plan.count
@@ -90,6 +131,96 @@ class RowsMixin(SamplingMixin):
             self._check_rewards(prepared)
         check_row_ids(env_ids, k)
         return self._write(prepared, k, self._given_priorities(priorities, k))
+
+    def _window_batch(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """The n-step input as checked arrays with a leading dimension, and the row count.
+
+        Values that need no checked cast (see :class:`~fastper.storage.DirectRows`)
+        skip the general coercion; anything else takes it, with its checks.
+        """
+        assert self._nstep is not None
+        if type(transition) is dict:
+            matcher = self._window_matcher
+            if matcher is None:
+                matcher = self._window_matcher = DirectRows(self._nstep.fields, self._capacity)
+            matched = matcher.match(transition)
+            if matched is not None:
+                values, k = matched
+                return matcher.as_batch(values, k), (1 if k == -1 else k)
+        return coerce_batch(self._nstep.fields, transition, None)
+
+    def _direct_rows(self) -> DirectRows | None:
+        """The storage's no-cast path, rebuilt when a load swaps the storage; None where
+        the buffer has none (a custom storage, frames, n-step windows)."""
+        storage = self._storage
+        cached = self._direct
+        if cached is None or cached[0] is not storage:
+            plain = self._frames is None and self._nstep is None
+            rows = storage.direct_rows() if plain and type(storage) is Storage else None
+            cached = self._direct = (storage, rows)
+        return cached[1]
+
+    def _add_direct(self, transition: dict[str, Any]) -> np.ndarray | None:
+        """``add`` of rows that need no cast, on a buffer in its common state; None: not here.
+
+        The general path's rules at a fraction of its cost (one env step is
+        most adds): the values are those :class:`~fastper.storage.DirectRows`
+        stores as given, the rewards are checked, nothing is written before
+        every check has passed. Anything else (frames, n-step windows, a save
+        in progress, invalid slots, a batch that wraps, any value the general
+        path would cast or refuse) returns None before changing anything.
+        """
+        cached = self._direct
+        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+        if rows is None or self._guards or self._validity.n_invalid:
+            return None
+        matched = rows.match(transition)
+        if matched is None:
+            return None
+        values, k = matched
+        w = self._writer
+        start = w.cursor
+        n = 1 if k == -1 else k
+        if start + n > self._capacity:
+            return None
+        reward = self._reward_check
+        if reward is not None:
+            r = transition[reward]
+            if not (math.isfinite(r) if type(r) is float else _finite(r)):
+                return None  # the general path names the row
+        priority = self._new_priority()
+        rows.write(start, values, k)
+        w.advance(n)
+        slots = np.arange(start, start + n, dtype=np.int64)
+        self._new_run(start, n, priority)
+        if self._current_max is not None:
+            self._current_max.fix(slots)
+        return slots
+
+    def _new_run(self, start: int, count: int, priority: float) -> None:
+        """Give ``count`` new slots from ``start`` (no wrap) their shared priority.
+
+        Deferred: the index takes it with the next locked call, or with the
+        next write that does not extend the run, so many single adds cost one
+        write of a run. Written at once where something reads the priorities
+        before that (the "current" max-priority policy, frame invalidation).
+        """
+        run = self._run_count
+        if self._current_max is not None or self._frames is not None:
+            if run:
+                self._flush_run()
+            self._sampler.write_run(start, count, priority)
+        elif run and self._run_start + run == start and priority == self._run_priority and run < RUN_LIMIT:
+            self._run_count = run + count
+        else:
+            if run:
+                self._flush_run()
+            self._run_start, self._run_priority, self._run_count = start, priority, count
+
+    def _flush_run(self) -> None:
+        """Give the deferred run of new slots their priority in the index. O(run + log N)."""
+        count, self._run_count = self._run_count, 0
+        self._sampler.write_run(self._run_start, count, self._run_priority)
 
     def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
         """``add``'s ``priorities`` as k checked values (None: not given)."""
@@ -180,6 +311,8 @@ class RowsMixin(SamplingMixin):
 
     def _invalidate_slots(self, slots: np.ndarray) -> int:
         """Zero mass and mask for the valid ones of stored ``slots``. O(B log N)."""
+        if self._run_count:
+            self._flush_run()
         fresh = self._validity.fresh(slots)
         if fresh.shape[0] == 0:
             return 0
@@ -274,14 +407,17 @@ class RowsMixin(SamplingMixin):
             w.advance(step)
             lost -= step
         w.advance(k)
+        if p is None and not self._validity.n_invalid:
+            # every slot valid (the common case): one run, two if it wraps
+            first = min(k, cap - start)
+            self._new_run(start, first, priority)
+            if first < k:
+                self._new_run(0, k - first, priority)
+        elif self._run_count:  # written below in place: the run goes first
+            self._flush_run()
         if p is None:
             if self._validity.n_invalid:
                 self._admit_run(start, k, priority)
-            else:  # every slot valid (the common case): one run, two if it wraps
-                first = min(k, cap - start)
-                self._sampler.write_run(start, first, priority)
-                if first < k:
-                    self._sampler.write_run(0, k - first, priority)
         else:
             self._max_seen = max(self._max_seen, float(p.max()))
             validity = self._validity

@@ -283,6 +283,8 @@ class StateMixin(BufferCore):
         """
         # a save in progress finishes first: it streams rows outside the lock
         with self._save_lock, self._lock:
+            if self._run_count:
+                self._flush_run()
             self._load_state_dict(state)
 
     def _load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -460,6 +462,8 @@ class StateMixin(BufferCore):
             out = np.empty(len(self), dtype=np.float64)
             out.fill(0.0)
             with self._lock:
+                if self._run_count:
+                    self._flush_run()
                 pending = self._pending_switch
                 if pending is not None and pending["alpha"] is not None:
                     if _sched.to_dict(pending["alpha"]).get("kind") == "callable":

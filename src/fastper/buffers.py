@@ -253,6 +253,8 @@ class _Buffer(RowsMixin):
     @step.setter
     def step(self, value: int) -> None:
         with self._lock:
+            if self._run_count:
+                self._flush_run()
             value = check_int("step", value, minimum=0)
             self._check_beta(self._beta_schedule(value))
             check_real("priority_noise", self._noise_schedule(value), minimum=0.0)

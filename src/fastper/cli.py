@@ -1,4 +1,4 @@
-"""The ``fastper`` command: ``bench``, ``inspect``, ``train``, ``plot``, ``compare``."""
+"""The ``fastper`` command: ``bench``, ``inspect``, ``warmup``, ``train``, ``plot``, ``compare``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import __version__
+from . import __version__, warmup
 from .errors import EXTRAS, MissingExtraError, install_hint, missing_extra
 
 
@@ -113,6 +113,10 @@ def _bench(args: argparse.Namespace) -> int:
     timings = _bench.run(args.capacity, args.batch_size, args.kind, args.calls, args.seed)
     print(_bench.format_table(timings, args.capacity, args.kind))
     return 0
+
+
+def _warmup(args: argparse.Namespace) -> int:
+    return warmup.run(args)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -333,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fastper",
         description="Fast, exact prioritized experience replay. Subcommands: bench (time the "
-        "buffers), inspect (read a checkpoint's header), train (reference agents), plot and "
+        "buffers), inspect (read a checkpoint's header), warmup (compile the kernels ahead of "
+        "use), train (reference agents), plot and "
         "compare (their runs). `fastper SUBCOMMAND --help` says what each does and writes. "
         "A mistake on the command line exits with status 2 and one line saying what to change; "
         "so does a command whose extra is not installed (train, plot and compare need "
@@ -403,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--verify", action="store_true", help="also verify the whole-file checksum")
     insp.add_argument("--json", action="store_true", help="print the raw header as JSON")
     insp.set_defaults(func=_inspect)
+
+    warm = sub.add_parser(
+        "warmup",
+        help="compile the numba kernels into the on-disk cache",
+        description=warmup.DESCRIPTION,
+    )
+    warmup.add_arguments(warm)
+    warm.set_defaults(func=_warmup)
 
     train = sub.add_parser(
         "train",

@@ -6,7 +6,11 @@ CPU buffer, the sharded coordinator) and torch tensors (the device buffer).
 The compiled CPU kernel (:func:`fastper._kernels.prioritized.prop_sample`)
 evaluates the same expressions in the same order, so that, given the same
 uniforms, every front end returns bit-identical probabilities and weights
-(``tests/unit/test_parity.py`` checks it).
+(``tests/unit/test_parity.py`` checks it). The one exception to "operators
+only": the power of a numpy array is taken element by element with the C
+library's ``pow``, as the kernel takes it (:mod:`fastper._kernels.weights`),
+since numpy's vectorised ``**`` rounds differently in the last bit on some
+CPUs.
 
 The rules:
 
@@ -26,12 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ._kernels import weights as _weights
+
 #: weight normalisations, in the order of the kernels' codes
 NORMS = ("buffer", "batch", "none")
 NORM_CODES = {name: code for code, name in enumerate(NORMS)}
 
 
-def stratified_targets(u: Any, total: Any, positions: Any | None) -> Any:
+def stratified_targets(u: Any, total: Any, positions: Any | None, scaled: bool = False) -> Any:
     """Points in ``[0, total]`` for uniforms ``u`` in [0, 1). O(B).
 
     Args:
@@ -39,10 +47,18 @@ def stratified_targets(u: Any, total: Any, positions: Any | None) -> Any:
         total: the mass the points fall in.
         positions: ``0, 1, ..., B-1`` as the same kind of array as ``u``
             (stratified draws), or ``None`` (independent draws).
+        scaled: ``positions`` hold ``k / B`` for a power-of-two ``B``: the
+            points are then ``(k / B + u / B) * total``, the same numbers
+            (dividing by a power of two is exact, so both round the same real
+            number, for totals above ``2^-1014 * B``) in one operation less.
     """
     b = u.shape[0]
     if positions is None:
         return u * total
+    if scaled:
+        add = getattr(positions, "add", None)  # torch: one fused operation
+        x = add(u, alpha=1.0 / b) if add is not None else positions + u / b
+        return x * total
     out = positions + u  # a new array (or tensor): the in-place step below touches only it
     out *= total / b
     return out
@@ -59,11 +75,34 @@ def is_weights(masses: Any, total: Any, min_mass: Any, n: int, beta: float, norm
         beta: IS exponent, >= 0.
         norm: ``"buffer"``, ``"batch"`` or ``"none"``.
     """
+    return weights_from_base(weight_base(masses, total, min_mass, n, norm), beta)
+
+
+def weight_base(masses: Any, total: Any, min_mass: Any, n: int, norm: str) -> Any:
+    """What the IS weights raise to ``-beta``: ``N P(i)`` over its normaliser. O(B).
+
+    Arguments as :func:`is_weights`; the device buffer raises it to the power
+    apart (outside a captured CUDA graph), with :func:`weights_from_base`.
+    """
     if norm == "buffer":
-        return (masses / min_mass) ** (-beta)
+        return masses / min_mass
     if norm == "batch":
-        return (masses / masses.min()) ** (-beta)
-    return (n * (masses / total)) ** (-beta)
+        return masses / masses.min()
+    return n * (masses / total)
+
+
+def weights_from_base(base: Any, beta: float) -> Any:
+    """IS weights from :func:`weight_base`: its power ``-beta``. O(B)."""
+    return _power(base, -beta)
+
+
+def _power(base: Any, exponent: float) -> Any:
+    """``base ** exponent``; a numpy array's by the C library's ``pow`` (see the module)."""
+    if isinstance(base, np.ndarray) and base.ndim == 1 and base.dtype == np.float64:
+        out = np.empty_like(base)
+        _weights.power_into(base, float(exponent), out)
+        return out
+    return base ** exponent
 
 
 def probabilities(masses: Any, total: Any) -> Any:

@@ -14,6 +14,8 @@ Common contract (the buffer holds its lock around every call):
     ``update_from_td(...)``: validate an update, drop stale entries, write the rest.
     ``sample(u, n, beta, stratified, norm, key_base, added)``: indices, P(i),
     IS weights and the key of each sampled slot's occupant (:func:`slot_keys`).
+    ``sample_permuted(u, perm, n, ...)`` (optional; the proportional sampler):
+    ``sample``'s outputs indexed by ``perm``, made in that order by one call.
     ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
     ``state_dict(n)`` / ``load_state_dict(state, n)``: the checkpointed state.
     ``reset_priorities(p, n)``: take these priorities and rebuild. O(N log N).
@@ -47,6 +49,8 @@ from .sampler_base import (
     slot_keys,
 )
 from .trees import SumTree
+
+_NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
 
 __all__ = [
     "NORM_CODES",
@@ -155,6 +159,8 @@ class ProportionalSampler(Sampler):
         self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
         self._pscratch = np.empty(512, dtype=np.float64)  # priorities of an update
+        self._limit_alpha = math.nan  # the alpha _limit was computed for (none yet)
+        self._limit = math.inf
 
     def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         if self._scratch.shape[0] < slots.shape[0]:
@@ -176,11 +182,18 @@ class ProportionalSampler(Sampler):
         return float(
             _pk.prop_update(
                 self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-                idx, td, keys, use_keys, eps, clip, self.alpha, self.priority_limit(), size,
+                idx, td, keys, use_keys, eps, clip, self.alpha, self._priority_limit(), size,
                 key_base, added, self.capacity, self._pscratch, self._scratch, status,
                 self.track_min,
             )
         )  # fmt: skip
+
+    def _priority_limit(self) -> float:
+        """:meth:`priority_limit` of the alpha in force, computed once per alpha."""
+        if self._limit_alpha != self.alpha:
+            self._limit = self.priority_limit()
+            self._limit_alpha = self.alpha
+        return self._limit
 
     def write_run(self, start: int, count: int, p: float) -> None:
         _pk.prop_write_run(
@@ -219,7 +232,18 @@ class ProportionalSampler(Sampler):
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        # keys come from the same kernel call: one dispatch instead of two
+        return self.sample_permuted(u, _NO_PERM, n, beta, stratified, norm, key_base, added)
+
+    def sample_permuted(
+        self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
+        of ``0 .. len(u)-1``; empty: none) in the same compiled call. O(B log N).
+
+        Keys, probabilities and weights come from that call too: one dispatch
+        instead of several, and no copies to put the draws in random order.
+        """
         if norm == 0 and not self.track_min:
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         b = u.shape[0]
@@ -228,8 +252,8 @@ class ProportionalSampler(Sampler):
         w = np.empty(b, dtype=np.float64)
         keys = np.empty(b, dtype=np.int64)
         _pk.prop_sample(
-            self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            u, stratified, beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
+            self.leaves, self.sinner, self.minner, self.offs, self.depth, u, perm, stratified,
+            beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
         )  # fmt: skip
         return idx, prob, w, keys
 

@@ -345,6 +345,141 @@ class PlacedByMass(Protocol):
     def rebalance(self, masses: Any) -> None: ...
 
 
+#: Python ints stored into a float column as is: exact in a double, so one rounding
+#: to the column's dtype, as the general cast gives
+_EXACT_INT = 2**53
+_FLOAT, _INT, _BOOL = 0, 1, 2
+#: the dtypes an array may come in: those that convert to a column's dtype exactly
+#: (numpy's "safe" casts) are stored with no check
+_NUMERIC = tuple(np.dtype(c) for c in "?bhilqBHILQefd")
+
+
+class DirectRows:
+    """The values an add can store with no checked cast, and their store into the columns.
+
+    The common add is one env step of numpy arrays in the fields' dtypes and
+    shapes, or of the Python numbers an env loop has (``reward=0.5``,
+    ``done=False``, ``action=1``). :meth:`match` accepts exactly those values
+    that :func:`coerce_batch` would accept and store unchanged: arrays of the
+    field's dtype or of one that converts exactly (bool flags into a float
+    column, int32 into int64: numpy's "safe" casts), Python numbers that fit
+    the column. It answers ``None`` for anything else (another dtype, a torch
+    tensor, a list, a value that would overflow, a missing field): the caller
+    then takes the general path, which checks everything and names the
+    problem. So a value stored here is bit for bit the one the general path
+    stores, and no check is skipped. O(fields) with no numpy call.
+    """
+
+    __slots__ = ("columns", "columns_by_one", "count", "entries", "capacity")
+
+    def __init__(
+        self,
+        fields: Mapping[str, Field],
+        capacity: int,
+        columns: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        self.capacity = capacity
+        #: the columns :meth:`write` stores into (none: a matcher only)
+        self.columns = tuple(columns.values()) if columns is not None else ()
+        # views of shape (N, 1, *shape): a batch of one row is stored with no indexing
+        self.columns_by_one = tuple(c.reshape(c.shape[0], 1, *c.shape[1:]) for c in self.columns)
+        self.count = len(fields)
+        entries = []
+        for name, f in fields.items():
+            dt = f.dtype
+            kind = {"f": _FLOAT, "b": _BOOL}.get(dt.kind, _INT)
+            if kind == _FLOAT:
+                lo, hi = -float(np.finfo(dt).max), float(np.finfo(dt).max)
+            elif kind == _INT:
+                lo, hi = int(np.iinfo(dt).min), int(np.iinfo(dt).max)
+            else:
+                lo, hi = 0, 1
+            exact = frozenset(d for d in _NUMERIC if np.can_cast(d, dt, casting="safe"))
+            entries.append((name, f.shape, (1, *f.shape), exact, dt.type, kind, lo, hi, dt))
+        self.entries = tuple(entries)
+
+    def match(self, transition: dict[str, Any]) -> tuple[list[Any], int] | None:
+        """The values in field order and the row count, or ``None`` (take the general path).
+
+        A value of the field's shape is one transition (count -1: written as
+        given), one with a leading dimension a batch of that many, as in
+        :func:`coerce_batch`; all fields must agree.
+        """
+        if len(transition) != self.count:
+            return None
+        values: list[Any] = []
+        rows = 0  # 0: not known yet; -1: one transition; k: a batch of k
+        ndarray = np.ndarray
+        for name, shape, one, exact, scalar, kind, lo, hi, dtype in self.entries:
+            v = transition.get(name, transition)  # the mapping itself: missing
+            t = type(v)
+            if t is ndarray:
+                vd = v.dtype
+                if vd is not dtype and vd not in exact:
+                    return None
+                s = v.shape
+                if s == shape:
+                    r = -1
+                elif s == one:
+                    r = 1
+                elif len(s) == len(shape) + 1 and s[1:] == shape and 0 < s[0] <= self.capacity:
+                    r = s[0]
+                else:
+                    return None
+            elif shape:
+                return None
+            elif t is float:
+                # NaN passes (stored as given); a finite value must not overflow the column
+                if kind != _FLOAT or not (lo <= v <= hi or v != v or v in (math.inf, -math.inf)):
+                    return None
+                r = -1
+            elif t is int:
+                if kind == _FLOAT:
+                    if dtype.itemsize == 2 or not -_EXACT_INT <= v <= _EXACT_INT:
+                        return None
+                elif not lo <= v <= hi:
+                    return None
+                r = -1
+            elif t is bool or t is scalar:
+                r = -1
+            else:
+                return None
+            if r != rows:
+                if rows:
+                    return None
+                rows = r
+            values.append(v)
+        return values, rows
+
+    def as_batch(self, values: list[Any], k: int) -> dict[str, np.ndarray]:
+        """Matched values as arrays with a leading dimension, in the fields' dtypes. O(k).
+
+        For a stage that reads a batch (n-step windows): the same arrays
+        :func:`coerce_batch` makes of these values, views where they can be.
+        """
+        out: dict[str, np.ndarray] = {}
+        for (name, _, one, _, _, _, _, _, dtype), v in zip(self.entries, values, strict=True):
+            if type(v) is np.ndarray:
+                if v.dtype is not dtype and v.dtype != dtype:
+                    v = v.astype(dtype)  # an exact conversion (see match)
+                out[name] = v.reshape(one) if k == -1 else v
+            else:
+                out[name] = np.array((v,), dtype=dtype)
+        return out
+
+    def write(self, start: int, values: list[Any], k: int) -> None:
+        """Store matched values from slot ``start`` (``k`` from :meth:`match`; no wrap). O(k)."""
+        if k == -1:
+            for col, v in zip(self.columns, values, strict=True):
+                col[start] = v
+        elif k == 1:  # a batch of one row (a single env's step): an index beats a slice
+            for col, v in zip(self.columns_by_one, values, strict=True):
+                col[start] = v
+        else:
+            for col, v in zip(self.columns, values, strict=True):
+                col[start : start + k] = v
+
+
 class Storage:
     """Columnar storage in RAM: one preallocated numpy array per field.
 
@@ -385,6 +520,10 @@ class Storage:
     def prepare(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         """Validate and cast; writes nothing. O(B)."""
         return coerce_batch(self.fields, transition, self.capacity)
+
+    def direct_rows(self) -> DirectRows:
+        """The fast path of an add: values stored with no cast (see :class:`DirectRows`)."""
+        return DirectRows(self.fields, self.capacity, self.columns)
 
     def write(self, start: int, prepared: Mapping[str, np.ndarray], k: int) -> None:
         """Write prepared arrays (from :meth:`prepare`) from slot ``start`` on, wrapping. O(B)."""

@@ -97,8 +97,8 @@ def _snapshot(buf) -> dict:
     snap = {"meta": copy.deepcopy(meta)}
     snap.update({f"array/{k}": np.array(v, copy=True) for k, v in arrays.items()})
     snap.update({f"col/{k}": c.clone().numpy() for k, c in buf.storage.columns.items()})
-    snap["raw"] = buf._index.raw.clone().numpy()
-    snap["total"] = float(buf._index.total)
+    snap["raw"] = buf._index.raw[: len(buf)].clone().numpy()
+    snap["total"] = float(buf._index.total_for(len(buf)))
     return snap
 
 

@@ -1,4 +1,5 @@
-"""DeviceSumTree against the numba SumTree: same leaves, same picks, no drift."""
+"""DeviceSumTree against the numba SumTree: same leaves, same picks, no drift, and a
+fixed number of tensor operations at any capacity."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fastper import SumTree  # noqa: E402
-from fastper.device.tree import DeviceSumTree, K, layout, pairwise_sum  # noqa: E402
+from fastper.device.tree import DeviceSumTree, K, num_blocks  # noqa: E402
+
+from .op_count import count_ops  # noqa: E402
 
 #: torch on one thread (tests/conftest.py): on small CPU tensors OpenMP threads that
 #: spin while other processes share the cores made these tests ten times slower
@@ -79,10 +82,9 @@ def test_totals_stay_exact_after_a_million_updates_spanning_24_decades() -> None
     assert abs(float(dev.total) - exact) <= 1e-12 * exact
     assert abs(float(dev.total) - cpu.total) <= 1e-12 * exact
     # a rebuilt tree is bit-identical to the updated one: nothing accumulated
-    before = [lv.clone() for lv in dev.levels] + [lv.clone() for lv in dev.min_levels[1:]]
+    before = dev.blocks.clone()
     dev.rebuild()
-    after = list(dev.levels) + list(dev.min_levels[1:])
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert torch.equal(dev.blocks, before)
 
 
 def test_batched_set_equals_the_same_writes_one_by_one() -> None:
@@ -94,7 +96,7 @@ def test_batched_set_equals_the_same_writes_one_by_one() -> None:
     a.set(idx, vals)
     for i, v in zip(idx, vals, strict=True):
         b.set([i], [v])
-    assert all(torch.equal(x, y) for x, y in zip(a.levels, b.levels, strict=True))
+    assert torch.equal(a.leaves, b.leaves) and torch.equal(a.blocks, b.blocks)
     assert torch.equal(a.min_positive, b.min_positive)
     assert float(a.get([idx[0]])[0]) == vals[119]
 
@@ -112,17 +114,40 @@ def test_target_at_the_total_never_lands_on_a_zero_leaf() -> None:
 
 def test_padding_and_layout() -> None:
     for capacity in CAPACITIES:
-        sizes = layout(capacity)
-        assert sizes[0] % K == 0 and sizes[0] >= capacity and sizes[-1] == 1
-        assert all(s % K == 0 for s in sizes[1:-1])
-    x = torch.arange(2 * K, dtype=torch.float64).view(2, K)
-    assert torch.equal(pairwise_sum(x), x.sum(1))  # exact for small integers
+        tree = DeviceSumTree(capacity)
+        nb = num_blocks(capacity)
+        assert nb * K >= capacity > (nb - 1) * K
+        # the leaves hold one spare block past the real ones; it never enters a sum
+        assert tree.leaves.shape == ((nb + 1) * K,) and tree.spare == nb * K
+        assert tree.blocks.shape == (2, nb + 1)
+    tree = DeviceSumTree(100, track_min=True)
+    tree.leaves[tree.spare :] = 5.0  # whatever lands in the spare block
+    tree.set([3, 99], [1.0, 2.0])
+    assert float(tree.total) == 3.0 and float(tree.min_positive) == 1.0
+
+
+def test_find_and_set_are_a_fixed_number_of_operations() -> None:
+    """No loop over levels: the same operations at 2^12 and 2^20 leaves."""
+    counts = []
+    for capacity in (4096, 1 << 20):
+        tree = DeviceSumTree(capacity, track_min=True)
+        idx = torch.arange(0, capacity, capacity // 256)
+        vals = torch.rand(idx.shape[0], dtype=torch.float64) + 0.5
+        tree.write_unchecked(idx, vals)
+        targets = torch.rand(256, dtype=torch.float64) * float(tree.total)
+        with count_ops() as find_ops:
+            tree.find_unchecked(targets)
+        with count_ops() as write_ops:
+            tree.write_unchecked(idx, vals)
+        assert find_ops.count <= 14 and write_ops.count <= 9, (find_ops.ops, write_ops.ops)
+        counts.append((find_ops.ops, write_ops.ops))
+    assert counts[0] == counts[1]
 
 
 def test_bad_input_raises_and_changes_nothing() -> None:
     tree = DeviceSumTree(100, track_min=True)
     tree.set(np.arange(10), np.arange(1.0, 11.0))
-    before = [lv.clone() for lv in tree.levels + tree.min_levels[1:]]
+    before = [tree.leaves.clone(), tree.blocks.clone()]
     for idx, vals, exc, word in [
         ([1, 100], [1.0, 1.0], IndexError, "indices"),
         ([-1], [1.0], IndexError, "indices"),
@@ -137,7 +162,7 @@ def test_bad_input_raises_and_changes_nothing() -> None:
             tree.set(idx, vals)
     with pytest.raises(ValueError, match="total"):
         tree.find([float(tree.total) * 2])
-    after = tree.levels + tree.min_levels[1:]
+    after = [tree.leaves, tree.blocks]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     with pytest.raises(ValueError, match="positive total"):
         DeviceSumTree(5).find([0.0])

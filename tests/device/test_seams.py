@@ -63,12 +63,10 @@ def snapshot(buf) -> dict:
         snap[f"array/{name}"] = np.array(arr, copy=True)
     for name, col in buf.storage.columns.items():
         snap[f"column/{name}"] = col.detach().clone().numpy()
-    snap["raw"] = buf._index.raw.clone().numpy()
+    snap["raw"] = buf._index.raw[: len(buf)].clone().numpy()
     if buf.backend == "torch":
-        for i, level in enumerate(buf._index.tree.levels):
-            snap[f"tree/sum/{i}"] = level.clone().numpy()
-        for i, level in enumerate(buf._index.tree.min_levels):
-            snap[f"tree/min/{i}"] = level.clone().numpy()
+        for name, arr in buf._index.snapshot(len(buf)).items():
+            snap[f"index/{name}"] = arr
     else:
         _internals(buf._index.sampler, "sampler", snap)
     return snap

@@ -85,15 +85,30 @@ def test_uniform_buffer_does_not_sync() -> None:
         _loop(buf)
 
 
-def test_validated_update_reads_exactly_one_flag() -> None:
-    """The documented choice: validate=True costs one read-back per update, and only that."""
+@pytest.mark.parametrize("cls", [fd.DevicePrioritizedReplayBuffer, fd.DeviceReplayBuffer])
+def test_validated_steps_do_not_sync(cls) -> None:
+    """validate=True (the default) checks updates on the device: no read-back per step.
+
+    Bad tensor entries are reported at the next check (test_device_buffer.py);
+    the steady-state loop (sample, update with duplicates and stale keys, add
+    of tensors) never synchronises.
+    """
+    buf = _filled(cls, validate=True)
+    with forbid_sync() as guard:
+        _loop(buf, steps=6)
+    assert guard.calls > 100
+    buf.check()  # nothing was invalid
+    assert buf.stale_updates > 0 and buf.invalid_updates == 0
+
+
+def test_the_check_is_the_read_back() -> None:
+    """Negative control: the deferred check does read the device."""
     buf = _filled(validate=True)
     b = buf.sample(32)
-    with forbid_sync():
-        buf.sample(32)  # sampling stays sync-free with validation on (eps > 0)
-    with pytest.raises(HostSyncError, match="__bool__"):
+    buf.update_priorities(b.indices, torch.ones(32), keys=b.keys)
+    with pytest.raises(HostSyncError):
         with forbid_sync():
-            buf.update_priorities(b.indices, torch.ones(32), keys=b.keys)
+            buf.check()
 
 
 def test_bad_entries_are_dropped_without_a_sync() -> None:
@@ -109,7 +124,7 @@ def test_bad_entries_are_dropped_without_a_sync() -> None:
     assert buf.invalid_updates == 5
     assert int(applied) == len(set(b.indices[[0, 3, 5]].tolist()))
     after = buf.priorities(torch.arange(len(buf)))
-    assert torch.isfinite(after).all() and torch.isfinite(buf._index.total)
+    assert torch.isfinite(after).all() and torch.isfinite(buf._index.total_for(len(buf)))
     changed = (after != before).nonzero().view(-1).tolist()
     assert set(changed) <= set(b.indices[[0, 3, 5]].tolist())
 

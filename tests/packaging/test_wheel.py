@@ -1,6 +1,7 @@
 """The package as users get it: a wheel and an sdist that pass ``twine check``, a wheel
-that installs into a clean virtual environment (no extras) and runs the README's
-30-second example there, and one version everywhere.
+that carries every kernel compiled (setup.py's build hook), installs into a clean
+virtual environment (no extras), takes its first learner step there within a second
+(nothing compiled), and runs the README's 30-second example; and one version everywhere.
 
 The build runs on a copy of the project (nothing is written into the checkout).
 Installing needs numpy and numba from the package index: without a reachable
@@ -16,21 +17,53 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import tomllib
 import zipfile
 from pathlib import Path
 
+import numba
 import pytest
 
 import fastper
+from fastper._kernels._jit import kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-#: the whole test (build, check, venv, install, example) is stopped past this; it takes
-#: about a minute on an idle 2-core machine, most of it numba compiling the kernels
-#: the example uses (nothing is cached in a new environment)
-BUDGET_S = 240
+#: the whole test (build, check, venv, install, first step, example) is stopped past
+#: this; it takes about 1.5 minutes on an idle 2-core machine, most of it the build
+#: compiling every kernel into the wheel (python -m fastper.warmup, about a minute)
+BUDGET_S = 480
+#: CPU seconds of the first learner step in a new process after installing (PER buffer,
+#: add, sample, update): about 0.2 s when it loads its kernels, 25 s or more compiling
+#: them. CPU time, not wall: a busy machine (other jobs) stretches wall time 2-3x
+FIRST_STEP_CPU_S = 1.0
+FIRST_STEP = """
+import json, time
+import numpy as np
+t0 = time.perf_counter()
+import fastper
+from fastper._kernels._jit import cache_counts
+t1 = time.perf_counter()
+fields = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+          "next_obs": ((4,), np.float32), "terminated": ((), np.bool_)}
+rng = np.random.default_rng(0)
+n = 1000
+batch = {"obs": rng.standard_normal((n, 4), dtype=np.float32), "action": rng.integers(2, size=n),
+         "reward": rng.standard_normal(n).astype(np.float32),
+         "next_obs": rng.standard_normal((n, 4), dtype=np.float32),
+         "terminated": rng.random(n) < 0.05}
+t2, c2 = time.perf_counter(), time.process_time()
+buf = fastper.PrioritizedReplayBuffer(10_000, fields, alpha=0.6, beta=0.4, seed=0)
+buf.add(batch)
+s = buf.sample(256)
+buf.update_priorities(s.indices, rng.standard_normal(256), keys=s.keys)
+t3, c3 = time.perf_counter(), time.process_time()
+compiled = sorted(k for k, (misses, _) in cache_counts().items() if misses)
+print(json.dumps({"import_s": t1 - t0, "step_s": t3 - t2, "step_cpu_s": c3 - c2,
+                  "compiled": compiled}))
+"""
 #: modules ``import fastper`` must never import (extras, imported lazily); not scipy,
 #: which numba itself imports where it is installed
 EXTRA_MODULES = ("torch", "ray", "gymnasium", "stable_baselines3", "matplotlib", "tqdm")
@@ -56,7 +89,7 @@ def _run(cmd: list[str], cwd: Path, deadline: float, **kw) -> subprocess.Complet
 def _copy_project(dest: Path) -> Path:
     """What the build reads (pyproject, README, LICENSE, src), without caches or egg-info."""
     dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
     shutil.copytree(
         ROOT / "src", dest / "src",
@@ -96,6 +129,8 @@ def test_wheel_and_sdist_pass_twine_and_the_wheel_runs_the_quickstart_in_a_clean
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("PASSED") == 2, done.stdout
 
+    with tarfile.open(sdist) as tf:
+        assert f"fastper-{version}/setup.py" in tf.getnames()  # the build hook
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         meta = zf.read(f"fastper-{version}.dist-info/METADATA").decode()
@@ -105,14 +140,16 @@ def test_wheel_and_sdist_pass_twine_and_the_wheel_runs_the_quickstart_in_a_clean
     assert "fastper = fastper.cli:main" in entry
     required = re.findall(r"^Requires-Dist: ([^;\n]+)$", meta, re.M)
     assert sorted(r.split(">")[0].split("=")[0].strip() for r in required) == ["numba", "numpy"]
+    _check_kernel_cache(names)
 
     venv = tmp_path / "venv"
     done = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, deadline)
     assert done.returncode == 0, done.stderr
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # the numba the wheel's kernels were compiled with: another version misses the cache
     done = _run([str(py), "-m", "pip", "install", "--no-compile", "--disable-pip-version-check",
-                 str(wheel)], tmp_path, deadline, env=env)  # fmt: skip
+                 str(wheel), f"numba=={numba.__version__}"], tmp_path, deadline, env=env)  # fmt: skip
     if done.returncode != 0 and any(s in done.stdout + done.stderr for s in NO_INDEX):
         pytest.skip(f"no package index reachable to install numpy and numba: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -131,6 +168,11 @@ def test_wheel_and_sdist_pass_twine_and_the_wheel_runs_the_quickstart_in_a_clean
     done = _run([str(venv / "bin" / "fastper"), "--version"], run_dir, deadline, env=env)
     assert done.returncode == 0 and done.stdout.strip() == f"fastper {version}", done
 
+    # the first learner step loads every kernel it needs from the wheel's cache
+    step = _first_step(py, run_dir, deadline, env)
+    assert step["compiled"] == [], f"compiled on the first step after install: {step}"
+    assert step["step_cpu_s"] < FIRST_STEP_CPU_S, step
+
     # the README's 30-second example, as a user runs it
     example = run_dir / "quickstart.py"
     shutil.copy2(ROOT / "examples" / "quickstart.py", example)
@@ -139,6 +181,27 @@ def test_wheel_and_sdist_pass_twine_and_the_wheel_runs_the_quickstart_in_a_clean
     assert done.stdout.startswith("2000 transitions"), done.stdout
     assert "Warning" not in done.stderr, done.stderr[-2000:]  # a first run warns of nothing
     assert sorted(p.name for p in run_dir.iterdir()) == ["quickstart.py"]  # it wrote nothing here
+
+
+def _check_kernel_cache(names: list[str]) -> None:
+    """Every kernel Python calls has an index file in the wheel's cache (the LZ4 ones
+    only where this environment, which built the wheel, has the tiers extra)."""
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    prefix = "fastper/_kernels/_numba_cache/"
+    indexed = {
+        re.sub(r"-\d+\.py\d+$", "", n[len(prefix) : -len(".nbi")])
+        for n in names
+        if n.startswith(prefix) and n.endswith(f".{tag}.nbi")
+    }
+    assert indexed, f"the wheel has no compiled kernels: {[n for n in names if '_kernels' in n]}"
+    missing = sorted(set(kernels()) - indexed)
+    assert not missing, f"kernels the build did not compile (add them to fastper.warmup): {missing}"
+
+
+def _first_step(py: Path, cwd: Path, deadline: float, env: dict[str, str]) -> dict:
+    done = _run([str(py), "-c", FIRST_STEP], cwd, deadline, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 def test_import_fastper_imports_no_extra_where_they_are_installed(tmp_path: Path) -> None:

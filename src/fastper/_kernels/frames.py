@@ -9,7 +9,8 @@ first frame). See :mod:`fastper.frames` for the design.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ._jit import njit
 
 #: ``prev`` of a frame whose predecessor was lost (overwritten before the
 #: stream went on): a stack that reaches it is invalid.

@@ -18,7 +18,9 @@ import ctypes
 import lz4.block._block as _ext
 import numpy as np
 from llvmlite import binding
-from numba import njit, types
+from numba import types
+
+from ._jit import njit
 
 _SIG = types.int32(types.intp, types.intp, types.int32, types.int32)
 try:

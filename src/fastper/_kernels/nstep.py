@@ -19,7 +19,8 @@ caller moves the field data with numpy, so the kernel never sees observations.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ._jit import njit
 
 # ``meta`` columns: rows seen (the clock), pending count, 1 if the stream's
 # next row follows an episode end (autoreset next_step), scratch for the

@@ -8,20 +8,22 @@ operation (each dispatch costs about 1 us).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ._intrinsics import prefetch
+from ._jit import njit
 from .ring import slot_keys, td_priorities
 from .tree import (
     MIN_POSITIVE,
     SUM,
     K,
+    _descend,
+    _find_careful,
     _min_node,
     _sum_node,
+    _u,
     fix_paths,
     fix_sum_min_paths,
     rebuild,
-    sum_find,
 )
 
 
@@ -44,9 +46,9 @@ def prop_write(
     b = indices.shape[0]
     for k in range(b):
         if k + 16 < b:
-            prefetch(leaves, indices[k + 16])
-            prefetch(raw, indices[k + 16])
-        i = indices[k]
+            prefetch(leaves, _u(indices[k + 16]))
+            prefetch(raw, _u(indices[k + 16]))
+        i = _u(indices[k])
         raw[i] = p[k]
         leaves[i] = p[k] ** alpha if p[k] > 0.0 else 0.0  # 0**0 would be 1
     if with_min:
@@ -156,6 +158,17 @@ def prop_update(
     return pmax
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _target(u, perm, k, stratified, width, total):  # pragma: no cover - compiled
+    """The point draw ``k`` searches: that of stratum ``perm[k]`` (``k`` without a perm).
+
+    fastper.policy.stratified_targets: ``(s + u_s) * (total / B)``, or
+    ``u_s * total`` for independent draws.
+    """
+    s = perm[k] if perm.shape[0] else k
+    return (s + u[s]) * width if stratified else u[s] * total
+
+
 @njit(cache=True, nogil=True)
 def prop_sample(
     leaves,
@@ -164,6 +177,7 @@ def prop_sample(
     offs,
     depth,
     u,
+    perm,
     stratified,
     beta,
     n,
@@ -179,26 +193,32 @@ def prop_sample(
     """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
 
     ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
-    ``k``-th of ``B`` equal slices of the total mass. ``norm_mode``: 0 = divide
-    by the buffer-wide largest weight (smallest positive leaf, from the min
-    tree), 1 = by the batch's largest weight, 2 = no normalisation. Keys as
+    ``k``-th of ``B`` equal slices of the total mass. ``perm`` (a permutation
+    of ``0..B-1``, or empty) puts the draws in random order: entry ``k`` of
+    every output is draw ``perm[k]``, as indexing the outputs with ``perm``
+    would give, without the four copies. ``norm_mode``: 0 = divide by the
+    buffer-wide largest weight (smallest positive leaf, from the min tree),
+    1 = by the batch's largest weight, 2 = no normalisation. Keys as
     :func:`slot_keys` (``key_base``, ``added``, ``capacity``): one call does
-    what four did, and each call costs a dispatch of about 1 us.
+    what several did, and each call costs a dispatch of about 1 us.
     """
     total = sinner[offs[depth]]
     b = u.shape[0]
-    targets = np.empty(b)
-    width = total / b  # fastper.policy.stratified_targets: (k + u_k) * (total / B)
+    width = total / b
+    t = np.empty(b)
     for k in range(b):
-        if stratified:
-            targets[k] = (k + u[k]) * width
-        else:
-            targets[k] = u[k] * total
-    sum_find(leaves, sinner, offs, depth, targets, out_idx)
+        t[k] = _target(u, perm, k, stratified, width, total)
+    _descend(leaves, sinner, offs, depth, t, out_idx)
     # out_prob holds raw leaves until the weights are done: ratios of leaves
     # are exact where ratios of probabilities would round twice.
     for k in range(b):
-        out_prob[k] = leaves[out_idx[k]]
+        leaf = leaves[_u(out_idx[k])]
+        if not t[k] < leaf:  # rounding or a zero leaf: search that one carefully
+            out_idx[k] = _find_careful(
+                leaves, sinner, offs, depth, _target(u, perm, k, stratified, width, total)
+            )
+            leaf = leaves[_u(out_idx[k])]
+        out_prob[k] = leaf
     if norm_mode == 0:
         lmin = minner[offs[depth]]
         for k in range(b):

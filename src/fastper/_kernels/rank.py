@@ -18,9 +18,9 @@ that ``from fastper._kernels import rank`` gives the whole set.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ._intrinsics import prefetch
+from ._jit import njit
 from .rank_tree import (
     _HOT,
     CORRUPT,

@@ -59,11 +59,12 @@ fastmath.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._intrinsics import prefetch
+from ._jit import njit
 
 L = 64  # keys per leaf: 512 bytes of priorities + 256 of slots
 F = 16  # children per inner node: separators 128 bytes, counts / ids 64 bytes each

@@ -12,9 +12,8 @@ operations, and from the draws, which only read it.
 
 from __future__ import annotations
 
-from numba import njit
-
 from ._intrinsics import prefetch
+from ._jit import njit
 from .rank_tree import (
     _HOT,
     CORRUPT,

@@ -11,7 +11,8 @@ and the coordinator's full (and slower) path then names the problem.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ._jit import njit
 
 #: statuses of :func:`route_keyed`: routed, or the first entry the full path must look at
 ROUTED, OUT_OF_RANGE, NOT_FINITE, UNKNOWN = 0, 1, 2, 3

@@ -7,7 +7,7 @@ hot-pool slot that holds its rows.
 
 from __future__ import annotations
 
-from numba import njit
+from ._jit import njit
 
 
 @njit(cache=True, nogil=True)

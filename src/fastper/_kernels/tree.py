@@ -23,15 +23,21 @@ No ``fastmath``: it would let LLVM reassociate the sums.
 
 Batched operations walk all their items one level at a time, so that many
 independent memory loads are in flight at once instead of one miss after
-another.
+another. Array positions are cast to unsigned (:func:`_u`) where they are
+read or written: numba adds negative-index wraparound code (a compare and a
+select) to every signed index, and that code is a good part of these short
+loops (measured at B = 256, N = 2^20 and 2^22: the search takes 0.86-0.89x,
+the recomputation of paths 0.7-0.75x the time of the signed version). Every
+position cast is non-negative by construction (checked indices, clamped node
+numbers).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ._intrinsics import prefetch
+from ._jit import njit
 
 K = 8  # children per node; one cache line of float64
 
@@ -82,6 +88,12 @@ def aligned_full(n: int, fill: float) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
+@njit(cache=True, nogil=True)  # (LLVM inlines it; numba inlining tripled compile time)
+def _u(i):  # pragma: no cover - compiled
+    """Array position ``i >= 0`` as an unsigned index: no negative-index wraparound code."""
+    return np.uint64(i)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _sum8(a, base):  # pragma: no cover - compiled
     """Pairwise sum of ``a[base:base+8]``, always in the same order.
@@ -90,54 +102,58 @@ def _sum8(a, base):  # pragma: no cover - compiled
     on every node of every update; the pairwise tree is 3 adds deep and no less
     exact.
     """
-    return ((a[base] + a[base + 1]) + (a[base + 2] + a[base + 3])) + (
-        (a[base + 4] + a[base + 5]) + (a[base + 6] + a[base + 7])
+    return ((a[_u(base)] + a[_u(base + 1)]) + (a[_u(base + 2)] + a[_u(base + 3)])) + (
+        (a[_u(base + 4)] + a[_u(base + 5)]) + (a[_u(base + 6)] + a[_u(base + 7)])
     )
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)  # (LLVM inlines it; numba inlining tripled compile time)
 def _min2(x, y):  # pragma: no cover - compiled
     return x if x < y else y
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)  # (LLVM inlines it; numba inlining tripled compile time)
 def _pos(x):  # pragma: no cover - compiled
     """A zero leaf counts as ``+inf`` in the buffer's min tree (never sampled)."""
     return x if x > 0.0 else np.inf
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _min8(a, b):  # pragma: no cover - compiled
+    """Pairwise min of ``a[b:b+8]``."""
+    return _min2(
+        _min2(_min2(a[_u(b)], a[_u(b + 1)]), _min2(a[_u(b + 2)], a[_u(b + 3)])),
+        _min2(_min2(a[_u(b + 4)], a[_u(b + 5)]), _min2(a[_u(b + 6)], a[_u(b + 7)])),
+    )
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _min8_positive(a, b):  # pragma: no cover - compiled
+    """Pairwise min of ``a[b:b+8]``, a zero counting as ``inf``."""
+    return _min2(
+        _min2(_min2(_pos(a[_u(b)]), _pos(a[_u(b + 1)])),
+              _min2(_pos(a[_u(b + 2)]), _pos(a[_u(b + 3)]))),
+        _min2(_min2(_pos(a[_u(b + 4)]), _pos(a[_u(b + 5)])),
+              _min2(_pos(a[_u(b + 6)]), _pos(a[_u(b + 7)]))),
+    )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _sum_node(leaves, inner, offs, level, j):  # pragma: no cover - compiled
     if level == 1:
-        inner[offs[1] + j] = _sum8(leaves, K * j)
+        inner[_u(offs[1] + j)] = _sum8(leaves, K * j)
     else:
-        inner[offs[level] + j] = _sum8(inner, offs[level - 1] + K * j)
+        inner[_u(offs[level] + j)] = _sum8(inner, offs[level - 1] + K * j)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _min_node(leaves, inner, offs, level, j, skip_zero):  # pragma: no cover - compiled
     """Min of the 8 children (pairwise); with ``skip_zero`` a zero leaf counts as ``inf``."""
     if level == 1:
-        b = K * j
-        if skip_zero:
-            m = _min2(
-                _min2(_min2(_pos(leaves[b]), _pos(leaves[b + 1])),
-                      _min2(_pos(leaves[b + 2]), _pos(leaves[b + 3]))),
-                _min2(_min2(_pos(leaves[b + 4]), _pos(leaves[b + 5])),
-                      _min2(_pos(leaves[b + 6]), _pos(leaves[b + 7]))),
-            )  # fmt: skip
-        else:
-            m = _min2(
-                _min2(_min2(leaves[b], leaves[b + 1]), _min2(leaves[b + 2], leaves[b + 3])),
-                _min2(_min2(leaves[b + 4], leaves[b + 5]), _min2(leaves[b + 6], leaves[b + 7])),
-            )
+        m = _min8_positive(leaves, K * j) if skip_zero else _min8(leaves, K * j)
     else:
-        b = offs[level - 1] + K * j
-        m = _min2(
-            _min2(_min2(inner[b], inner[b + 1]), _min2(inner[b + 2], inner[b + 3])),
-            _min2(_min2(inner[b + 4], inner[b + 5]), _min2(inner[b + 6], inner[b + 7])),
-        )
-    inner[offs[level] + j] = m
+        m = _min8(inner, offs[level - 1] + K * j)
+    inner[_u(offs[level] + j)] = m
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -148,11 +164,11 @@ def _max_node(leaves, inner, offs, level, j):  # pragma: no cover - compiled
     else:
         a = inner
         b = offs[level - 1] + K * j
-    m = a[b]
+    m = a[_u(b)]
     for c in range(1, K):
-        if a[b + c] > m:
-            m = a[b + c]
-    inner[offs[level] + j] = m
+        if a[_u(b + c)] > m:
+            m = a[_u(b + c)]
+    inner[_u(offs[level] + j)] = m
 
 
 SUM, MIN, MIN_POSITIVE, MAX = 0, 1, 2, 3  # what fix_paths / rebuild compute per node
@@ -168,31 +184,53 @@ def _node(leaves, inner, offs, level, j, mode):  # pragma: no cover - compiled
         _min_node(leaves, inner, offs, level, j, mode == MIN_POSITIVE)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _nodes_at(leaves, offs, level):  # pragma: no cover - compiled
+    """Nodes of ``level`` (>= 1) whose 8 children are stored in the level below.
+
+    The level's entries past them are padding: they keep the identity (0 or
+    ``inf``) and are never recomputed.
+    """
+    if level == 1:
+        return leaves.shape[0] // K
+    return (offs[level] - offs[level - 1]) // K
+
+
 @njit(cache=True, nogil=True)
 def fix_paths(leaves, inner, offs, depth, indices, scratch, mode):  # pragma: no cover - compiled
     """Recompute every ancestor of ``indices``' leaves, one level at a time.
 
     ``mode``: SUM, MIN, MIN_POSITIVE (zero leaves count as ``inf``) or MAX
     (of non-negative leaves: padding and empty slots hold 0).
-    ``scratch`` is an int64 array at least as long as ``indices``. Runs of
-    equal parents (sorted or contiguous indices) are recomputed once. Each
-    item prefetches what the item 12 places later will read and write: with
-    random slots in a large tree those lines miss the cache (measured at
-    N = 2^20, B = 256: the pass takes about 0.7x the time without it).
+    ``scratch`` is an int64 array at least as long as ``indices``.
+
+    Work per level: runs of equal parents (sorted or contiguous indices) are
+    recomputed once, and a level with no more nodes than there are indices is
+    recomputed whole, in order, instead (the top levels: at N = 2^20 and
+    B = 256 the last four levels hold 256, 32, 4 and 1 nodes, so 293 node
+    recomputations replace 1024, most of them repeats of the same few nodes).
+    A node is a pure function of its children, so recomputing one whose
+    children did not change writes the value it already holds: the result is
+    the same either way, bit for bit.
+
+    Each item prefetches the parent line the item 12 places later will write:
+    with random slots in a large tree it misses the cache (the children it
+    reads were written by the previous level's pass, or by the caller).
     """
     b = indices.shape[0]
     for k in range(b):
         scratch[k] = indices[k]
     for level in range(1, depth + 1):
+        here = offs[level]
+        nodes = _nodes_at(leaves, offs, level)
+        if nodes <= b:
+            for j in range(nodes):
+                _node(leaves, inner, offs, level, j, mode)
+            continue  # every level above is small too, and never reads scratch
         prev = -1
         for k in range(b):
             if k + 12 < b:
-                ahead = scratch[k + 12] // K
-                if level == 1:
-                    prefetch(leaves, K * ahead)
-                else:
-                    prefetch(inner, offs[level - 1] + K * ahead)
-                prefetch(inner, offs[level] + ahead)
+                prefetch(inner, _u(here + scratch[k + 12] // K))
             j = scratch[k] // K
             scratch[k] = j
             if j != prev:
@@ -205,29 +243,44 @@ def fix_sum_min_paths(leaves, sinner, minner, offs, depth, indices, scratch):  #
     """:func:`fix_paths` for a sum tree and a zero-skipping min tree sharing ``leaves``.
 
     One pass per level recomputes both parents of each item: the 8 leaves (or
-    children) are read once for both, and the two parents' lines are
-    prefetched together. Same nodes as two :func:`fix_paths` calls, bit for
-    bit (measured at B = 256: 27 us instead of 31 at N = 2^22, 20 instead of
-    23 at N = 2^20). It repeats :func:`fix_paths`' loop on purpose: a mode
+    children) are read once for both. Same nodes as two :func:`fix_paths`
+    calls, bit for bit. It repeats :func:`fix_paths`' loop on purpose: a mode
     for both trees inside that loop made the pass about 1.5x slower.
+
+    Only the min tree's parent line is prefetched (12 items ahead): after a
+    sample, the sum tree's lines on the same paths are already in cache (the
+    search read them), the min tree's are not. Measured at B = 256 on paths
+    just searched (the learner step): 0.50-0.54x the time of the signed,
+    item-by-item version with both lines prefetched, at N = 2^20 and 2^22.
     """
     b = indices.shape[0]
     for k in range(b):
         scratch[k] = indices[k]
     for level in range(1, depth + 1):
+        here = offs[level]
+        below = 0 if level == 1 else offs[level - 1]
+        a = leaves if level == 1 else sinner
+        nodes = _nodes_at(leaves, offs, level)
+        if nodes <= b:
+            for j in range(nodes):
+                sinner[_u(here + j)] = _sum8(a, below + K * j)
+                if level == 1:
+                    minner[_u(here + j)] = _min8_positive(leaves, K * j)
+                else:
+                    minner[_u(here + j)] = _min8(minner, below + K * j)
+            continue
         prev = -1
         for k in range(b):
             if k + 12 < b:
-                ahead = scratch[k + 12] // K
-                if level == 1:
-                    prefetch(leaves, K * ahead)
-                prefetch(sinner, offs[level] + ahead)
-                prefetch(minner, offs[level] + ahead)
+                prefetch(minner, _u(here + scratch[k + 12] // K))
             j = scratch[k] // K
             scratch[k] = j
             if j != prev:
-                _sum_node(leaves, sinner, offs, level, j)
-                _min_node(leaves, minner, offs, level, j, True)
+                sinner[_u(here + j)] = _sum8(a, below + K * j)
+                if level == 1:
+                    minner[_u(here + j)] = _min8_positive(leaves, K * j)
+                else:
+                    minner[_u(here + j)] = _min8(minner, below + K * j)
                 prev = j
 
 
@@ -236,11 +289,10 @@ def rebuild(leaves, inner, offs, depth, mode):  # pragma: no cover - compiled
     """Recompute every internal node from the leaves; padding nodes get the identity."""
     empty = 0.0 if mode == SUM or mode == MAX else np.inf
     for level in range(1, depth + 1):
+        nodes = _nodes_at(leaves, offs, level)
         for j in range(offs[level + 1] - offs[level]):
-            if level == 1 and K * j >= leaves.shape[0]:
-                inner[offs[level] + j] = empty
-            elif level > 1 and offs[level - 1] + K * j >= offs[level]:
-                inner[offs[level] + j] = empty
+            if j >= nodes:
+                inner[_u(offs[level] + j)] = empty
             else:
                 _node(leaves, inner, offs, level, j, mode)
 
@@ -274,28 +326,28 @@ def _pick_child(a, base, t):  # pragma: no cover - compiled
     Returns ``(c, t')`` with ``t'`` = ``t`` minus the children before ``c``: a
     binary search over the node's pairwise partial sums (those :func:`_sum8`
     adds, so the two halves add up to exactly the node's stored value).
-    Which child a random target takes is unpredictable, so the three steps are
-    arithmetic, not branches (``g`` is 0.0 or 1.0, so ``t - v * g`` is exactly
-    ``t`` or ``t - v``): a mispredicted branch per step cost more than the rest
-    of the search. Measured at B = 256 against scanning the children in order:
-    31 -> 17 us at N = 2^20, 37 -> 22 us at N = 2^22 (25 -> 23 us at 2^16).
+    Which child a random target takes is unpredictable, so the three steps
+    select, never branch: each step's bit ``g`` (0 or 1) moves the position
+    (``base + 4 * g``) and ``t`` loses either the half's sum or ``0.0``
+    (``t - 0.0`` is exactly ``t``). A mispredicted branch per step cost more
+    than the rest of the search. Measured at B = 256 against scanning the
+    children in order: 31 -> 17 us at N = 2^20, 37 -> 22 us at N = 2^22.
 
     Nothing here guards against zero children or a target past the node's sum;
     :func:`sum_find` checks the leaf a descent ends on.
     """
-    h = (a[base] + a[base + 1]) + (a[base + 2] + a[base + 3])
-    g = 1.0 if t >= h else 0.0
-    c = 4 * int(g)
-    t = t - h * g
-    q = a[base + c] + a[base + c + 1]
-    g = 1.0 if t >= q else 0.0
-    c += 2 * int(g)
-    t = t - q * g
-    v = a[base + c]
-    g = 1.0 if t >= v else 0.0
-    c += int(g)
-    t = t - v * g
-    return c, t
+    h = (a[_u(base)] + a[_u(base + 1)]) + (a[_u(base + 2)] + a[_u(base + 3)])
+    g = np.int64(t >= h)
+    t = t - (h if g else 0.0)
+    base += 4 * g
+    q = a[_u(base)] + a[_u(base + 1)]
+    g2 = np.int64(t >= q)
+    t = t - (q if g2 else 0.0)
+    base += 2 * g2
+    v = a[_u(base)]
+    g3 = np.int64(t >= v)
+    t = t - (v if g3 else 0.0)
+    return 4 * g + 2 * g2 + g3, t
 
 
 @njit(cache=True, nogil=True)
@@ -331,32 +383,17 @@ def _find_careful(leaves, inner, offs, depth, target):  # pragma: no cover - com
     return j
 
 
-@njit(cache=True, nogil=True)
-def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - compiled
-    """For each target ``t``: the smallest leaf ``i`` with ``t < leaf[0] + .. + leaf[i]``.
-
-    All targets descend together, one level at a time, by the branch-free
-    :func:`_pick_child`; each item prefetches the line its next pass reads.
-
-    Guards against rounding: a target that does not end strictly inside the
-    leaf it reached (``0 <= t' < leaf`` fails: a zero leaf, a target at or a
-    few ulps under the total, rounding at a boundary) is searched again by
-    :func:`_find_careful`, which never enters a zero child. So a leaf found is
-    always positive while the root is. Such a target may wander into a zero
-    node on the way down, even a padding node whose children lie past the end
-    of the level below: then the node index is clamped to the level's last
-    node (nothing outside the arrays is read) and the target set to ``inf``,
-    so that the check at the leaf sends it to the careful path.
-    """
-    b = targets.shape[0]
-    t = targets.copy()
+@njit(cache=True, nogil=True, inline="always")
+def _descend(leaves, inner, offs, depth, t, out):  # pragma: no cover - compiled
+    """The batched descent of :func:`sum_find`: ``t`` (targets, overwritten with
+    what is left of each) ends in ``out``; returns nothing, checks nothing."""
+    b = t.shape[0]
     for k in range(b):
         out[k] = 0
     for level in range(depth, 0, -1):
         a = leaves if level == 1 else inner
         off = 0 if level == 1 else offs[level - 1]
-        # last node of this level whose 8 children are stored in the level below
-        last = (leaves.shape[0] if level == 1 else offs[level] - offs[level - 1]) // K - 1
+        last = _nodes_at(leaves, offs, level) - 1  # the level's last node with children
         for k in range(b):
             j = out[k]
             if j > last:  # went past the end (rounding): read inside, redo it carefully
@@ -368,9 +405,34 @@ def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - co
             out[k] = child
             # the next pass reads this child's 8 children: start fetching them now
             if level == 2:
-                prefetch(leaves, K * child)
+                prefetch(leaves, _u(K * child))
             elif level > 2:
-                prefetch(inner, offs[level - 2] + K * child)
-    for k in range(b):
-        if not t[k] < leaves[out[k]]:
+                prefetch(inner, _u(offs[level - 2] + K * child))
+
+
+@njit(cache=True, nogil=True)
+def sum_find(leaves, inner, offs, depth, targets, out):  # pragma: no cover - compiled
+    """For each target ``t``: the smallest leaf ``i`` with ``t < leaf[0] + .. + leaf[i]``.
+
+    All targets descend together, one level at a time, by the branch-free
+    :func:`_pick_child`, and each prefetches the line its next pass reads: a
+    whole pass (B items) ahead, so that the misses of all B targets overlap.
+    The out-of-order engine alone keeps only the few items in its window in
+    flight: without the prefetch the search took 1.4x the time at N = 2^20
+    and 1.6x at 2^22 (B = 256).
+
+    Guards against rounding: a target that does not end strictly inside the
+    leaf it reached (``0 <= t' < leaf`` fails: a zero leaf, a target at or a
+    few ulps under the total, rounding at a boundary) is searched again by
+    :func:`_find_careful`, which never enters a zero child. So a leaf found is
+    always positive while the root is. Such a target may wander into a zero
+    node on the way down, even a padding node whose children lie past the end
+    of the level below: then the node index is clamped to the level's last
+    node (nothing outside the arrays is read) and the target set to ``inf``,
+    so that the check at the leaf sends it to the careful path.
+    """
+    t = targets.copy()
+    _descend(leaves, inner, offs, depth, t, out)
+    for k in range(t.shape[0]):
+        if not t[k] < leaves[_u(out[k])]:
             out[k] = _find_careful(leaves, inner, offs, depth, targets[k])

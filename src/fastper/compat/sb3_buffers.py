@@ -142,6 +142,16 @@ def _obs_field(space: spaces.Space, shape: tuple[int, ...]) -> Field:
     return Field(tuple(int(s) for s in shape), np.dtype(space.dtype))
 
 
+def _flag(value: bool) -> np.ndarray:
+    out = np.array([value])
+    out.setflags(write=False)
+    return out
+
+
+#: one env's time-limit flag, False and True
+_FLAGS = (_flag(False), _flag(True))
+
+
 def _rows(name: str, value: Any, want: tuple[int, ...]) -> np.ndarray:
     """``value`` with shape ``want`` = (n_envs, *shape), a view where it can be; else a ValueError."""
     arr = value if type(value) is np.ndarray else np.asarray(value)
@@ -622,14 +632,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             row[name] = _rows(name, obs if key is None else obs[key], want)
             row[next_name] = _rows(next_name, next_obs if key is None else next_obs[key], want)
         n_rows = self._n_rows
-        row["action"] = _rows("action", action, self._action_rows)
-        row["reward"] = _rows("reward", reward, n_rows)
-        done_arr = _rows("done", done, n_rows)
+        want = self._action_rows
+        row["action"] = (
+            action if type(action) is np.ndarray and action.shape == want
+            else _rows("action", action, want)
+        )  # fmt: skip
+        row["reward"] = (
+            reward if type(reward) is np.ndarray and reward.shape == n_rows
+            else _rows("reward", reward, n_rows)
+        )  # fmt: skip
+        done_arr = done if type(done) is np.ndarray and done.shape == n_rows else _rows("done", done, n_rows)
         if done_arr.dtype != np.bool_:
             done_arr = done_arr != 0
         timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
         if self.n_steps == 1:
-            row["done"] = done_arr
+            row["done"] = done_arr  # bool flags: stored in the float32 columns as 0 / 1
             row["timeout"] = timeouts
         else:
             row["terminated"] = done_arr & ~timeouts
@@ -641,6 +658,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(
                 f"`infos` must hold one dict per env (n_envs={self.n_envs}), got {len(infos)}"
             )
+        if self.n_envs == 1:  # (read-only flags: the buffer copies them into its columns)
+            return _FLAGS[bool(infos[0].get("TimeLimit.truncated", False))]
         return np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
 
     # -- sample ---------------------------------------------------------------------

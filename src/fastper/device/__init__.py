@@ -2,7 +2,9 @@
 
 Needs PyTorch (``pip install 'fastper[torch]'``); ``import fastper`` never
 imports it. ``sample`` and ``update_priorities`` never synchronise with the
-host (see :mod:`fastper.device.buffer` for what ``validate`` trades).
+host, and on the torch back end each is a fixed few tensor operations at any
+capacity; ``graphed_step`` replays them from CUDA graphs on a GPU (see
+:mod:`fastper.device.buffer`).
 
 >>> import torch, fastper.device as fd
 >>> buf = fd.DevicePrioritizedReplayBuffer(
@@ -15,7 +17,13 @@ host (see :mod:`fastper.device.buffer` for what ``validate`` trades).
 
 from __future__ import annotations
 
-from .buffer import DeviceBatch, DevicePrioritizedReplayBuffer, DeviceReplayBuffer, load
+from .buffer import (
+    DeviceBatch,
+    DevicePrioritizedReplayBuffer,
+    DeviceReplayBuffer,
+    GraphedStep,
+    load,
+)
 from .storage import TorchStorage
 from .tree import DeviceSumTree
 
@@ -24,6 +32,7 @@ __all__ = [
     "DevicePrioritizedReplayBuffer",
     "DeviceReplayBuffer",
     "DeviceSumTree",
+    "GraphedStep",
     "TorchStorage",
     "load",
 ]

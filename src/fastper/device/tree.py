@@ -1,33 +1,44 @@
-"""Sum / min trees as float64 torch tensors on a device, updated without host syncs.
+"""A sum tree of float64 tensors on a device, searched and updated in a fixed number of ops.
 
-Layout. A tree over ``capacity`` leaves keeps its levels as tensors: level 0
-(the leaves) padded to a multiple of ``K = 64``, level ``l`` holding one node
-per 64 entries of level ``l - 1`` (padded to a multiple of 64 again), up to
-a single root. At N = 2^24 that is 4 levels above the leaves (8 for the
-8-ary numba tree): every batched operation is a fixed sequence of tensor
-operations per level, so fewer, wider levels mean fewer kernel launches.
+Layout. The leaves are cut into blocks of ``K = 64``; the tree keeps one
+*summary* per block, ``blocks[0, b]`` (the sum of its 64 leaves) and
+``blocks[1, b]`` (its smallest positive leaf, ``inf`` if none). That is the
+whole tree: there are no levels above the blocks. A search takes the
+prefix sums of the block sums on the fly (one ``cumsum`` over
+``capacity / 64`` numbers, a few microseconds on a GPU at 2^24 leaves), finds
+the block of each target in them and then the leaf in its block. So a
+batched search, and a batched update, is the same handful of tensor
+operations at any capacity: on a GPU each operation is a kernel launch, and
+a tree whose operations grew with its depth would be launch-bound.
 
-Exact and drift-free, as the numba trees (:mod:`fastper._kernels.tree`):
-an internal node is always *recomputed* from its 64 children by a fixed
-pairwise sum (six rounds of adding neighbours), never adjusted by a delta,
-so the tree is a pure function of its leaves whatever the order of updates.
-The min tree shares the leaves and counts a zero leaf as ``+inf``.
+The leaves hold one spare block past the last real one (``spare``): writes
+that must land somewhere harmless (a dropped entry of a batched update) go
+there; it never enters a sum.
 
-Search. Each target descends from the root: at a node, the inclusive
-cumulative sums of its 64 children give the first child whose prefix sum
-exceeds the target, i.e. the same rule as :meth:`fastper.SumTree.find`
-(smallest ``i`` with ``t < leaf[0] + .. + leaf[i]``). The sums are formed in a
-different order than the numba tree's, so the two agree on every target
-except those within rounding of a boundary between two leaves (a few ulps of
-the total); with exactly representable sums (integer priorities) they agree
-on every target. A target at or past a node's sum (the total itself, or
-rounding) takes the node's last positive child, so a zero leaf is never
-returned while the total is positive.
+Exact and drift-free, as the numba trees (:mod:`fastper._kernels.tree`): a
+block summary is always *recomputed* from its 64 leaves (``cumsum``, the last
+prefix, and ``amin``), never adjusted by a delta, so the tree is a pure
+function of its leaves whatever the order of updates, and a rebuilt tree is
+bit-identical to an updated one.
 
-Costs: ``set`` / ``find`` of B items, O(B log64 N) work in O(log64 N) tensor
-operations; ``rebuild`` O(N). Memory: 8 bytes per leaf, about 1/63 of that
-per tree for the internal nodes, plus an int64 scratch per slot (8 bytes)
-for last-duplicate-wins updates.
+Search. ``find`` returns, for each target ``t``, the same leaf as
+:meth:`fastper.SumTree.find`: the smallest ``i`` with
+``t < leaf[0] + .. + leaf[i]``. The sums are formed in another order than
+the numba tree's (a running sum over blocks, then within the block), so the
+two agree on every target except those within rounding of a boundary between
+two leaves (a few ulps of the total); with exactly representable sums
+(integer leaves) they agree on every target. A target at or past the total
+takes the last positive leaf. On the CPU every prefix is a sequential sum,
+so a zero leaf is never returned while the total is positive. On a GPU,
+torch's parallel ``cumsum`` may round the prefixes of a run of zero leaves
+a unit apart; a target within that unit of such a run could land in it (the
+fused paths of :class:`~fastper.device.index.TorchIndex` rule this out
+whenever every stored priority is positive, their default).
+
+Costs: ``set`` / ``find`` of B items, O(B * 64 + N / 64) work in a fixed
+number of tensor operations; ``rebuild`` O(N). Memory: 8 bytes per leaf,
+24 bytes per block, plus an int64 scratch per leaf for :meth:`set` (made on
+first use).
 """
 
 from __future__ import annotations
@@ -39,23 +50,17 @@ import numpy as np
 
 from ._torch import check_device, torch
 
-K = 64  # children per node
+K = 64  # leaves per block
 
 
-def layout(capacity: int) -> list[int]:
-    """Sizes of the levels, leaves first; the last level is the root (size 1)."""
-    sizes = [-(-capacity // K) * K]
-    while True:
-        nodes = sizes[-1] // K
-        if nodes == 1:
-            sizes.append(1)
-            return sizes
-        sizes.append(-(-nodes // K) * K)
+def num_blocks(capacity: int) -> int:
+    """Blocks of ``K`` leaves that hold ``capacity`` leaves (the spare block not counted)."""
+    return -(-capacity // K)
 
 
 def max_leaf(capacity: int) -> float:
     """Largest leaf value that keeps any sum of all (padded) leaves finite."""
-    return float(np.finfo(np.float64).max) / (2 * layout(capacity)[0])
+    return float(np.finfo(np.float64).max) / (2 * num_blocks(capacity) * K)
 
 
 def _as_tensor(value: Any, device: torch.device) -> torch.Tensor:
@@ -65,186 +70,179 @@ def _as_tensor(value: Any, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(value), device=device)
 
 
-def pairwise_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim (a power of 2) by adding neighbours, one round per halving.
-
-    A fixed order of IEEE additions (each round sums pairs, and a sum of two
-    numbers has one correctly rounded result in any order): the same children
-    give the same bits on any device and for any number of rows, whereas
-    ``torch.sum``'s order over many entries is not specified.
-    """
-    while x.shape[-1] > 1:
-        x = x[..., 0::2] + x[..., 1::2]
-    return x[..., 0]
-
-
 class DeviceSumTree:
-    """Sum tree (optionally with a zero-skipping min tree) of float64 tensors on ``device``.
+    """Sum tree (with the smallest positive leaf) of float64 tensors on ``device``.
 
     The device counterpart of :class:`fastper.SumTree`, with the same
     contract: leaves start at 0, ``set`` keeps the last of duplicate
-    indices, ``find`` never returns a zero leaf while the total is positive.
-    :meth:`set`, :meth:`get` and :meth:`find` validate their input, which
-    reads values back from the device (a host sync); the buffers use the
-    unchecked methods (:meth:`write_unchecked`, :meth:`fill_run`,
-    :meth:`fix_range`, :meth:`find_unchecked`, :meth:`last_wins`), which never
-    synchronise and trust the caller's indices and values.
+    indices, ``find`` never returns a zero leaf while the total is positive
+    (see the module docstring for GPUs). :meth:`set`, :meth:`get` and
+    :meth:`find` validate their input, which reads values back from the
+    device (a host sync); the buffers use the unchecked methods
+    (:meth:`write_unchecked`, :meth:`fill_run`, :meth:`fix_range`,
+    :meth:`fix_blocks`, :meth:`find_unchecked`, :meth:`last_wins`), which
+    never synchronise and trust the caller's indices and values.
 
     Args:
         capacity: number of leaves (>= 1).
         device: a torch device (default ``"cpu"``).
-        track_min: also keep the smallest positive leaf (:attr:`min_positive`).
+        track_min: expose the smallest positive leaf (:attr:`min_positive`);
+            the block minima are kept either way (one row of 8 bytes per block).
+        leaves: optional float64 tensor of ``(num_blocks(capacity) + 1) * 64``
+            elements on ``device`` to use as the leaves (a view into a larger
+            table, say); it must hold zeros wherever a block is read.
     """
 
-    def __init__(self, capacity: int, *, device: Any = "cpu", track_min: bool = False) -> None:
+    def __init__(
+        self, capacity: int, *, device: Any = "cpu", track_min: bool = False,
+        leaves: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"`capacity` must be an int >= 1, got capacity={capacity!r}")
         self.capacity = capacity
         self.device = check_device(device)
         self.track_min = bool(track_min)
-        sizes = layout(capacity)
-        self.depth = len(sizes) - 1
+        nb = num_blocks(capacity)
+        self.num_blocks = nb
+        self.spare = nb * K  # first leaf of the spare block
         f64, dev = torch.float64, self.device
-        self.levels = [torch.zeros(s, dtype=f64, device=dev) for s in sizes]  # [0]: leaves
-        # how many nodes of level l have children (the rest is padding)
-        self.nodes = [0] + [size // K for size in sizes[:-1]]
-        self.min_levels = [self.levels[0]] + (
-            [torch.full((s,), math.inf, dtype=f64, device=dev) for s in sizes[1:]]
-            if track_min
-            else []
-        )
-        self._winner = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._down = torch.full((1, 1), -math.inf, dtype=f64, device=dev)  # nextafter's direction
+        size = (nb + 1) * K
+        if leaves is None:
+            leaves = torch.zeros(size, dtype=f64, device=dev)
+        elif leaves.shape != (size,) or leaves.dtype != f64 or leaves.device != dev:
+            raise ValueError(
+                f"`leaves` must be a float64 tensor of {size} elements on {dev}, got "
+                f"{leaves.dtype} {tuple(leaves.shape)} on {leaves.device}"
+            )
+        self.leaves = leaves
+        #: row 0: the sum of each block; row 1: its smallest positive leaf (inf if none)
+        self.blocks = torch.zeros(2, nb + 1, dtype=f64, device=dev)
+        self.blocks[1] = math.inf
+        #: scratch of the searches: prefix[0] = 0, prefix[b + 1] = sum of blocks 0..b
+        self.prefix = torch.zeros(nb + 2, dtype=f64, device=dev)
+        self._neg_inf = torch.full((), -math.inf, dtype=f64, device=dev)  # nextafter's direction
+        self._inf = torch.full((), math.inf, dtype=f64, device=dev)
+        self._winner = torch.empty(0, dtype=torch.int64, device=dev)
         self.max_value = max_leaf(capacity)
+
+    # -- block summaries ---------------------------------------------------------------
+    def summarize(self, tile: torch.Tensor, positive: bool = False) -> torch.Tensor:
+        """Summaries of the blocks in ``tile`` (rows of 64 leaves): a (2, rows) tensor
+        of their sums (the last of the running sums) and smallest positive leaves.
+
+        ``positive``: the caller knows every leaf is positive (no zero to skip). O(rows * 64).
+        """
+        sums = tile.cumsum(1)[:, -1]
+        mins = tile.amin(1) if positive else torch.where(tile > 0, tile, self._inf).amin(1)
+        return torch.stack([sums, mins])
+
+    def fix_blocks(self, blocks: torch.Tensor, positive: bool = False) -> None:
+        """Recompute the summaries of ``blocks`` (int tensor; repeats allowed) from
+        their leaves. O(len(blocks) * 64), no sync."""
+        tile = self.leaves.view(-1, K).index_select(0, blocks)
+        self.blocks[:, blocks] = self.summarize(tile, positive)
+
+    def fix_range(self, lo: int, hi: int) -> None:
+        """Recompute the summaries of the blocks holding leaves ``lo .. hi`` (contiguous),
+        after the caller wrote those leaves in :attr:`leaves`. O(hi - lo + 64), no sync."""
+        b0, b1 = lo // K, hi // K + 1
+        self.blocks[:, b0:b1] = self.summarize(self.leaves[b0 * K : b1 * K].view(-1, K))
+
+    def rebuild(self, upto: int | None = None) -> None:
+        """Recompute the summaries of the blocks holding leaves ``0 .. upto - 1``
+        (all by default). O(upto), no sync."""
+        nb = self.num_blocks if upto is None else num_blocks(max(upto, 1))
+        self.blocks[:, :nb] = self.summarize(self.leaves[: nb * K].view(-1, K))
+
+    def total_of(self, nblocks: int) -> torch.Tensor:
+        """Sum of the first ``nblocks`` blocks (a 0-dim view of :attr:`prefix`, valid until
+        the next search). O(nblocks), no sync."""
+        torch.cumsum(self.blocks[0, :nblocks], 0, out=self.prefix[1 : nblocks + 1])
+        return self.prefix[nblocks]
 
     # -- unchecked, sync-free core (the buffers call these) ---------------------------
     @property
-    def leaves(self) -> torch.Tensor:
-        """The leaf tensor itself (padded to a multiple of 64)."""
-        return self.levels[0]
-
-    @property
     def total(self) -> torch.Tensor:
-        """Sum of all leaves: a 0-dim float64 tensor on the device (``float()`` syncs). O(1)."""
-        return self.levels[-1][0]
+        """Sum of all leaves: a 0-dim float64 tensor on the device (``float()`` syncs).
+        O(N / 64)."""
+        return self.total_of(self.num_blocks).clone()
 
     @property
     def min_positive(self) -> torch.Tensor:
-        """Smallest positive leaf (``inf`` if none), 0-dim tensor. Needs ``track_min``. O(1)."""
+        """Smallest positive leaf (``inf`` if none), 0-dim tensor. Needs ``track_min``. O(N / 64)."""
         if not self.track_min:
             raise AttributeError("`min_positive` needs a DeviceSumTree built with track_min=True")
-        return self.min_levels[-1][0]
+        return self.blocks[1, : self.num_blocks].amin()
 
     def last_wins(self, idx: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """For each entry, the position of the last kept entry with the same index (-1: none).
 
-        One scatter of positions into a per-slot scratch with ``amax`` (an
-        order-free reduction, so the result is deterministic on every device).
-        ``idx`` must lie in ``[0, capacity)``. O(B), no sync.
+        One scatter of positions into a per-leaf scratch with ``amax`` (an
+        order-free reduction, so the result is deterministic on every device);
+        ``include_self=False`` makes stale scratch values irrelevant, so
+        nothing needs resetting. ``idx`` must lie in ``[0, capacity)``. O(B), no sync.
         """
         if self._winner.shape[0] == 0:
-            self._winner = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)
+            self._winner = torch.empty(self.capacity, dtype=torch.int64, device=self.device)
         pos = torch.arange(idx.shape[0], dtype=torch.int64, device=self.device)
         if keep is not None:
             pos = torch.where(keep, pos, -1)
         w = self._winner
-        w.scatter_reduce_(0, idx, pos, reduce="amax", include_self=True)
-        win = w.index_select(0, idx)
-        w.index_fill_(0, idx, -1)  # back to all -1 for the next call
-        return win
+        w.scatter_reduce_(0, idx, pos, reduce="amax", include_self=False)
+        return w.index_select(0, idx)
 
     def write_unchecked(self, idx: torch.Tensor, values: torch.Tensor) -> None:
-        """Set leaves ``idx`` to ``values`` and fix their paths. Duplicates must carry
-        equal values (see :meth:`last_wins`); ``idx`` in range. O(B log N), no sync.
-
-        Writes are ``index_put_`` without accumulation: every duplicate writes the
-        same value, so the result does not depend on which write lands last (and
-        ``torch.use_deterministic_algorithms`` has a path for it).
-        """
-        self.levels[0].index_put_((idx,), values)
-        self._fix(idx)
-
-    def _fix(self, idx: torch.Tensor) -> None:
-        j = idx
-        for lv in range(1, self.depth + 1):
-            j = torch.div(j, K, rounding_mode="floor")
-            children = self.levels[lv - 1].view(-1, K).index_select(0, j)
-            self.levels[lv].index_put_((j,), pairwise_sum(children))
-            if self.track_min:
-                if lv == 1:
-                    m = torch.where(children > 0, children, math.inf).amin(1)
-                else:
-                    m = self.min_levels[lv - 1].view(-1, K).index_select(0, j).amin(1)
-                self.min_levels[lv].index_put_((j,), m)
+        """Set leaves ``idx`` to ``values`` and fix their blocks. Duplicates must carry
+        equal values (see :meth:`last_wins`); ``idx`` in range. O(B * 64), no sync."""
+        self.leaves.index_put_((idx,), values)
+        self.fix_blocks(torch.div(idx, K, rounding_mode="floor"))
 
     def fill_run(self, start: int, count: int, value: torch.Tensor) -> None:
         """Leaves ``start .. start+count-1`` (no wrap) all get ``value`` (0-dim tensor). No sync.
 
         Unchecked: the run must lie in ``[0, capacity)`` and ``value`` be finite,
-        >= 0 and <= :attr:`max_value`. O(count + log N).
+        >= 0 and <= :attr:`max_value`. O(count + 64).
         """
-        self.levels[0][start : start + count].copy_(value.expand(count))
+        self.leaves[start : start + count].copy_(value.expand(count))
         self.fix_range(start, start + count - 1)
 
-    def fix_range(self, lo: int, hi: int) -> None:
-        """Recompute the ancestors of leaves ``lo .. hi`` (contiguous), after the caller
-        wrote those leaves in :attr:`leaves` directly. O(hi - lo + log N), no sync."""
-        for lv in range(1, self.depth + 1):
-            lo //= K
-            hi //= K
-            children = self.levels[lv - 1][lo * K : (hi + 1) * K].view(-1, K)
-            self.levels[lv][lo : hi + 1] = pairwise_sum(children)
-            if self.track_min:
-                if lv == 1:
-                    m = torch.where(children > 0, children, math.inf).amin(1)
-                else:
-                    m = self.min_levels[lv - 1][lo * K : (hi + 1) * K].view(-1, K).amin(1)
-                self.min_levels[lv][lo : hi + 1] = m
-
-    def find_unchecked(self, targets: torch.Tensor) -> torch.Tensor:
-        """Leaf of each target (float64 tensor in ``[0, total]``). O(B log N), no sync.
+    def find_unchecked(
+        self, targets: torch.Tensor, size: int | None = None, summed: bool = False
+    ) -> torch.Tensor:
+        """Leaf of each target (float64 tensor in ``[0, total]``). No sync.
 
         Unchecked (:meth:`find` checks): with a zero total every target gives leaf 0.
+        ``size``: search only leaves ``0 .. size - 1`` (all by default).
+        ``summed``: :attr:`prefix` already holds the prefix sums of those blocks
+        (:meth:`total_of` was just called for them).
 
-        Per level: the children's inclusive prefix sums, the target capped just
-        below their total (so that a target at or past it takes the last
-        positive child, and a zero node child 0), the count of prefix sums
-        ``<= t`` (``searchsorted``) is the child, minus the prefix before it.
+        A target is capped just below the total, its block is the count of
+        block prefix sums ``<= t``, and within the block the same rule runs
+        on the block's own running sums with the remainder (capped just below
+        the block's sum, so that a remainder rounded up to it takes the last
+        positive leaf). O(B * 64 + size / 64) in 11 tensor operations.
         """
-        j = torch.zeros(targets.shape[0], 1, dtype=torch.int64, device=self.device)
-        t = targets.unsqueeze(1)
-        for lv in range(self.depth, 0, -1):
-            cs = self.levels[lv - 1].view(-1, K).index_select(0, j.view(-1)).cumsum_(1)
-            t = torch.minimum(t, cs[:, -1:].nextafter(self._down))
-            c = torch.searchsorted(cs, t, right=True)
-            t = t - torch.nn.functional.pad(cs, (1, 0)).gather(1, c)
-            j = torch.add(c, j, alpha=K)
-        return j.view(-1)
-
-    def rebuild(self) -> None:
-        """Recompute every internal node from the leaves. O(N), no sync."""
-        for lv in range(1, self.depth + 1):
-            n = self.nodes[lv]
-            children = self.levels[lv - 1].view(-1, K)
-            self.levels[lv][:n] = pairwise_sum(children)
-            if self.track_min:
-                if lv == 1:
-                    m = torch.where(children > 0, children, math.inf).amin(1)
-                else:
-                    m = self.min_levels[lv - 1].view(-1, K).amin(1)
-                self.min_levels[lv][:n] = m
+        n = self.capacity if size is None else size
+        last = num_blocks(n) - 1
+        total = self.prefix[last + 1] if summed else self.total_of(last + 1)
+        t = torch.minimum(targets, torch.nextafter(total, self._neg_inf))
+        b = torch.searchsorted(self.prefix[1 : last + 2], t, right=True).clamp_(max=last)
+        rest = t - self.prefix.index_select(0, b)
+        cs = self.leaves.view(-1, K).index_select(0, b).cumsum(1)
+        rest = torch.minimum(rest.unsqueeze(1), torch.nextafter(cs[:, -1:], self._neg_inf))
+        c = torch.searchsorted(cs, rest, right=True)
+        return torch.add(c.view(-1), b, alpha=K).clamp_(max=n - 1)
 
     def clear(self) -> None:
         """All leaves back to 0. O(N)."""
-        for lv in self.levels:
-            lv.zero_()
-        for lv in self.min_levels[1:]:
-            lv.fill_(math.inf)
+        self.leaves.zero_()
+        self.blocks[0].zero_()
+        self.blocks[1].fill_(math.inf)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of device memory held (levels and the update scratch)."""
-        tensors = [*self.levels, *self.min_levels[1:], self._winner]
+        """Bytes of device memory held (leaves, block summaries, prefix and the scratch)."""
+        tensors = [self.leaves, self.blocks, self.prefix, self._winner]
         return int(sum(t.numel() * t.element_size() for t in tensors))
 
     # -- validated API (reads values back: syncs) ----------------------------------
@@ -277,7 +275,7 @@ class DeviceSumTree:
         return v + 0.0  # -0.0 -> +0.0
 
     def set(self, indices: Any, values: Any) -> None:
-        """Write ``values`` at ``indices``; the last of duplicate indices wins. O(B log N).
+        """Write ``values`` at ``indices``; the last of duplicate indices wins. O(B * 64).
 
         Raises:
             IndexError: an index outside ``[0, capacity)``.
@@ -292,13 +290,13 @@ class DeviceSumTree:
 
     def get(self, indices: Any) -> torch.Tensor:
         """Leaf values at ``indices`` (float64 tensor). O(B)."""
-        return self.levels[0].index_select(0, self._index(indices))
+        return self.leaves.index_select(0, self._index(indices))
 
     def find(self, targets: Any) -> torch.Tensor:
         """Prefix-sum search: for each ``t``, the smallest ``i`` with ``t < leaf[0] + .. + leaf[i]``.
 
         Targets equal to the total (or within rounding of it) give the last
-        positive leaf. O(B log N).
+        positive leaf. O(B * 64 + N / 64).
 
         Raises:
             ValueError: the total is zero, or a target is not finite or outside ``[0, total]``.
@@ -313,7 +311,7 @@ class DeviceSumTree:
 
     def leaves_copy(self) -> torch.Tensor:
         """A copy of the addressable leaves. O(N)."""
-        return self.levels[0][: self.capacity].clone()
+        return self.leaves[: self.capacity].clone()
 
     def __len__(self) -> int:
         return self.capacity

@@ -1,0 +1,82 @@
+"""Build hook: the wheel carries fastper's numba kernels, compiled on the building machine.
+
+Everything else about the package is in pyproject.toml. After ``build_py`` has
+copied the package, ``python -m fastper.warmup`` runs on that copy and compiles
+every kernel into ``fastper/_kernels/_numba_cache`` (see
+``src/fastper/_kernels/_jit.py``), which the wheel then contains: installed on
+the same kind of machine with the same numba version, the first learner step
+loads them instead of compiling them. Elsewhere they simply miss and are
+compiled on first use, as without this hook. An editable install compiles them
+into the source tree's cache instead.
+
+The hook never fails the build: without numba in the build environment, or if
+compiling fails, it says so and the package is built without the cache. Set
+``FASTPER_BUILD_KERNEL_CACHE=0`` to skip it (a wheel for other machines).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+SKIP_ENV = "FASTPER_BUILD_KERNEL_CACHE"
+#: run in the package copy: checks that it imports that copy, then warms it up
+_WARM = """
+import sys
+from pathlib import Path
+import fastper
+root = Path(sys.argv[1]).resolve()
+if Path(fastper.__file__).resolve().parent != root / "fastper":
+    sys.exit(f"imported fastper from {fastper.__file__}, not from {root}")
+from fastper.warmup import warmup
+r = warmup()
+print(f"{r.compiled} kernel signatures compiled, {r.loaded} loaded, in {r.seconds:.1f} s "
+      f"into {r.cache_dir}" + "".join(f"; not warmed: {s}" for s in r.skipped))
+"""
+
+
+class BuildPyWithKernelCache(build_py):
+    """``build_py``, then the kernels compiled into the built package's cache."""
+
+    def run(self) -> None:
+        super().run()
+        if os.environ.get(SKIP_ENV, "1") == "0":
+            print(f"fastper: {SKIP_ENV}=0: the wheel carries no compiled kernels")
+            return
+        if self.editable_mode:  # the package is the source tree itself
+            root = Path(self.get_package_dir("fastper")).resolve().parent
+        else:
+            root = Path(self.build_lib).resolve()
+            shutil.rmtree(root / "fastper" / "_kernels" / "_numba_cache", ignore_errors=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "NUMBA_CACHE_LOCATOR_CLASSES")
+        }
+        # first on the path; pip's isolated build environment is reached through the rest
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        print("fastper: compiling the numba kernels into the package (about a minute) ...")
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _WARM, str(root)],
+                cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"fastper: kernels not compiled ({exc}); they compile on first use")
+            return
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"fastper: kernels not compiled ({tail}); they compile on first use")
+            return
+        print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
+
+
+setup(cmdclass={"build_py": BuildPyWithKernelCache})

@@ -1,0 +1,271 @@
+"""The no-cast path of ``add`` (one env step, most adds) against the general path.
+
+An add whose values need no checked cast (numpy arrays of the fields' dtypes,
+or of dtypes that convert exactly; the Python numbers an env loop has) skips
+the general path's copies, and the new slots' shared priority reaches the
+index with the next locked call. Both are invisible: a buffer fed that way
+must be, at every observation, the buffer fed the same rows through the
+general path; and every value the general path
+casts with a check or refuses must still get that treatment.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fastper import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
+from fastper.errors import FieldTypeError
+
+FIELDS = {
+    "obs": ((3,), np.float32),
+    "action": ((), np.int64),
+    "reward": ((), np.float32),
+    "done": ((), np.float32),
+    "flag": ((), np.bool_),
+}
+KINDS = (ReplayBuffer, PrioritizedReplayBuffer, RankBasedReplayBuffer)
+
+
+def _same_state(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same_state(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=where)
+        assert a.dtype == b.dtype, where
+    else:
+        assert a == b, where
+
+
+def _row(rng: np.random.Generator, style: str) -> dict[str, Any]:
+    obs = rng.standard_normal(3).astype(np.float32)
+    a, r, d = int(rng.integers(0, 5)), float(rng.standard_normal()), bool(rng.random() < 0.1)
+    if style == "python":
+        return {"obs": obs, "action": a, "reward": r, "done": d, "flag": d}
+    if style == "numpy":
+        return {"obs": obs, "action": np.int64(a), "reward": np.float32(r),
+                "done": np.float32(d), "flag": np.bool_(d)}  # fmt: skip
+    if style == "batch1":  # one env of a vector env: a leading dimension of 1
+        return {"obs": obs[None], "action": np.array([a]), "reward": np.array([r], np.float32),
+                "done": np.array([d]), "flag": np.array([d])}  # fmt: skip
+    k = 4  # a 4-env vector step, int32 actions and bool dones (exact conversions)
+    return {"obs": rng.standard_normal((k, 3)).astype(np.float32),
+            "action": rng.integers(0, 5, k).astype(np.int32),
+            "reward": rng.standard_normal(k).astype(np.float32),
+            "done": rng.random(k) < 0.1, "flag": rng.random(k) < 0.5}  # fmt: skip
+
+
+def _general(buf: Any) -> Any:
+    """``buf`` with its no-cast path switched off (every add takes the general path)."""
+    buf._add_direct = lambda transition: None
+    return buf
+
+
+@pytest.mark.parametrize("cls", KINDS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("max_priority", ["ever", "current", "last", 2.5])
+def test_direct_adds_leave_the_buffer_the_general_path_leaves(cls: Any, max_priority: Any) -> None:
+    rng = np.random.default_rng(7)
+    kw: dict[str, Any] = {"seed": 3, "clip": 4.0}
+    if cls is not ReplayBuffer:
+        kw["max_priority"] = max_priority
+    elif max_priority != "ever":
+        pytest.skip("uniform replay has no priorities")
+    fast, slow = cls(37, FIELDS, **kw), _general(cls(37, FIELDS, **kw))
+    styles = ("python", "numpy", "batch1", "vector")
+    for step in range(400):
+        row = _row(rng, styles[int(rng.integers(0, 4))])
+        np.testing.assert_array_equal(fast.add(row), slow.add(row))
+        op = int(rng.integers(0, 12))
+        if op == 0 and len(fast) >= 4:
+            a, b = fast.sample(8), slow.sample(8)
+            np.testing.assert_array_equal(a.indices, b.indices)
+            np.testing.assert_array_equal(a.weights, b.weights)
+            _same_state(a.data, b.data)
+            td = rng.standard_normal(8) * 3
+            fast.update_priorities(a.indices, td, keys=a.keys)
+            slow.update_priorities(b.indices, td, keys=b.keys)
+        elif op == 1:
+            idx = np.arange(len(fast))
+            np.testing.assert_array_equal(fast.priorities(idx), slow.priorities(idx))
+            np.testing.assert_array_equal(fast.probabilities(idx), slow.probabilities(idx))
+        elif op == 2 and cls is not ReplayBuffer:
+            fast.step = slow.step = step  # schedules re-weigh from the raw priorities
+        elif op == 3 and len(fast) > 2:
+            np.testing.assert_array_equal(fast.invalidate([1]), slow.invalidate([1]))
+        elif op == 4:
+            _same_state(fast.state_dict(), slow.state_dict(), f"step {step}")
+    _same_state(fast.state_dict(), slow.state_dict(), "end")
+
+
+def test_a_single_add_is_seen_at_once_by_every_reader() -> None:
+    buf = PrioritizedReplayBuffer(16, FIELDS, seed=0)
+    for i in range(3):
+        buf.add({"obs": np.zeros(3, np.float32), "action": i, "reward": 1.0, "done": 0.0,
+                 "flag": False})  # fmt: skip
+    np.testing.assert_array_equal(buf.priorities([0, 1, 2]), [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(buf.probabilities([0, 1, 2]), [1 / 3] * 3)
+    assert set(buf.sample(64).indices.tolist()) == {0, 1, 2}
+    # the state saved and the state loaded back hold the three
+    twin = PrioritizedReplayBuffer(16, FIELDS, seed=0)
+    twin.load_state_dict(buf.state_dict())
+    np.testing.assert_array_equal(twin.priorities([0, 1, 2]), [1.0, 1.0, 1.0])
+
+
+def test_a_new_priority_follows_updates_made_between_single_adds() -> None:
+    buf = PrioritizedReplayBuffer(16, FIELDS, seed=0)  # max_priority="ever"
+    row = {"obs": np.zeros(3, np.float32), "action": 0, "reward": 1.0, "done": 0.0, "flag": False}
+    buf.add(row)
+    buf.add(row)
+    buf.update_priorities([0], [5.0])  # raises the largest priority ever seen
+    buf.add(row)
+    buf.add(row)
+    eps = 1e-6
+    np.testing.assert_allclose(buf.priorities(np.arange(4)), [5 + eps, 1, 5 + eps, 5 + eps])
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({"reward": float("nan")}, ValueError),  # a NaN reward: refused by default
+        ({"reward": np.float32("inf")}, ValueError),
+        ({"reward": 1e300}, FieldTypeError),  # overflows float32
+        ({"action": 2**63}, FieldTypeError),  # overflows int64
+        ({"action": 1.5}, FieldTypeError),  # truncated
+        ({"flag": 2}, FieldTypeError),  # not 0 / 1
+        ({"flag": 0.5}, FieldTypeError),
+        ({"obs": np.zeros(4, np.float32)}, ValueError),  # wrong shape
+        ({"obs": np.zeros((2, 3), np.float32), "action": 1}, ValueError),  # rows disagree
+        ({"extra": 1}, ValueError),
+    ],
+)
+def test_values_the_general_path_refuses_are_refused_and_change_nothing(
+    value: dict[str, Any], error: type[Exception]
+) -> None:
+    buf = PrioritizedReplayBuffer(8, FIELDS, seed=0)
+    row = {"obs": np.zeros(3, np.float32), "action": 1, "reward": 0.5, "done": 0.0, "flag": True}
+    buf.add(row)
+    before = buf.state_dict()
+    with pytest.raises(error):
+        buf.add(row | value)
+    _same_state(buf.state_dict(), before)
+    with pytest.raises(ValueError, match="missing"):
+        buf.add({k: v for k, v in row.items() if k != "done"})
+    _same_state(buf.state_dict(), before)
+
+
+def test_python_numbers_are_stored_as_the_general_path_casts_them() -> None:
+    fields = {"x32": ((), np.float32), "x64": ((), np.float64), "i8": ((), np.int8),
+              "b": ((), np.bool_), "f16": ((), np.float16)}  # fmt: skip
+    fast = PrioritizedReplayBuffer(8, fields, seed=0)
+    slow = _general(PrioritizedReplayBuffer(8, fields, seed=0))
+    rows = [
+        {"x32": 0.1, "x64": 2**53 + 1, "i8": -128, "b": 1, "f16": 3},
+        {"x32": 3.4e38, "x64": True, "i8": True, "b": False, "f16": 0.1},
+        {"x32": float("nan"), "x64": -(2**53), "i8": 127, "b": True, "f16": 65504.0},
+        {"x32": -7, "x64": 1e308, "i8": 0, "b": 0, "f16": np.float16(2.5)},
+    ]
+    for row in rows:
+        fast.add(row)
+        slow.add(row)
+    _same_state(fast.state_dict(), slow.state_dict())
+    for bad in ({"i8": 128}, {"x32": 3.5e38}, {"f16": 70000.0}):
+        for buf in (fast, slow):
+            with pytest.raises(FieldTypeError):
+                buf.add(rows[0] | bad)
+
+
+def test_single_adds_from_threads_while_another_samples() -> None:
+    buf = PrioritizedReplayBuffer(4096, FIELDS, seed=0)
+    row = {"obs": np.zeros(3, np.float32), "action": 0, "reward": 1.0, "done": 0.0, "flag": False}
+    buf.add(row)
+    errors: list[BaseException] = []
+
+    def adder() -> None:
+        try:
+            for _ in range(1500):
+                buf.add(row)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=adder) for _ in range(2)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        b = buf.sample(32)
+        assert (b.indices < len(buf)).all()
+        buf.update_priorities(b.indices, np.ones(32), keys=b.keys)
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(buf) == 3001
+    # every slot has mass: the priorities of all runs reached the index
+    assert (buf.priorities(np.arange(3001)) > 0).all()
+    assert buf.total_added == 3001
+
+
+def test_the_sb3_drop_in_stores_an_env_step_without_the_general_path() -> None:
+    pytest.importorskip("stable_baselines3")
+    gym = pytest.importorskip("gymnasium")
+    from fastper.compat.sb3 import PrioritizedReplayBuffer as DropIn
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the row took the general path")
+
+    for n_envs in (1, 4):
+        buf = DropIn(64, gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(3),
+                     device="cpu", n_envs=n_envs, seed=0)  # fmt: skip
+        core = buf._buffer
+        core._add = refuse  # type: ignore[method-assign]
+        obs = np.arange(3 * n_envs, dtype=np.float32).reshape(n_envs, 3)
+        done = np.zeros(n_envs, dtype=bool)
+        done[0] = True
+        infos = [{"TimeLimit.truncated": True}] + [{}] * (n_envs - 1)
+        buf.add(obs, obs + 1, np.ones((n_envs, 1), np.int64), np.ones(n_envs, np.float32),
+                done, infos)  # fmt: skip
+        # stored as SB3 stores them: float32 flags, the time limit marked
+        assert buf.dones.dtype == buf.timeouts.dtype == np.float32
+        np.testing.assert_array_equal(buf.dones[0], done.astype(np.float32))
+        np.testing.assert_array_equal(buf.timeouts[0], [1.0] + [0.0] * (n_envs - 1))
+        np.testing.assert_array_equal(buf.observations[0], obs)
+
+
+def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
+    from fastper.storage import coerce_batch
+
+    fields = {"obs": ((2,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+              "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
+              "truncated": ((), np.bool_)}  # fmt: skip
+    fast = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
+    slow = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
+    slow._window_batch = lambda t: coerce_batch(slow._nstep.fields, t, None)  # type: ignore[method-assign]
+    rng = np.random.default_rng(4)
+    for t in range(120):
+        ends = rng.random(2) < 0.15
+        row = {"obs": rng.standard_normal((2, 2)).astype(np.float32),
+               "action": rng.integers(0, 3, 2).astype(np.int32),  # an exact conversion
+               "reward": rng.standard_normal(2).astype(np.float32),
+               "next_obs": rng.standard_normal((2, 2)).astype(np.float32),
+               "terminated": ends, "truncated": np.zeros(2, bool)}  # fmt: skip
+        np.testing.assert_array_equal(fast.add(row), slow.add(row))
+        if t % 10 == 9:
+            a, b = fast.sample(6), slow.sample(6)
+            np.testing.assert_array_equal(a.indices, b.indices)
+            _same_state(a.data, b.data)
+            fast.update_priorities(a.indices, np.arange(6.0), keys=a.keys)
+            slow.update_priorities(b.indices, np.arange(6.0), keys=b.keys)
+    _same_state(fast.state_dict(), slow.state_dict())
+    # one stream of Python numbers, one transition at a time
+    one_fast = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
+    one_slow = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
+    one_slow._window_batch = lambda t: coerce_batch(one_slow._nstep.fields, t, None)  # type: ignore[method-assign]
+    for t in range(30):
+        row = {"obs": np.full(2, t, np.float32), "action": t % 3, "reward": 0.5 * t,
+               "next_obs": np.full(2, t + 1, np.float32), "terminated": t % 7 == 6,
+               "truncated": False}  # fmt: skip
+        np.testing.assert_array_equal(one_fast.add(row), one_slow.add(row))
+    _same_state(one_fast.state_dict(), one_slow.state_dict())
