@@ -157,11 +157,12 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
 
     def k_search() -> Callable[[], object]:
         n = len(buf)
+        no_perm = np.empty(0, dtype=np.int64)  # draws in stratum order
 
         def f() -> object:
             u = buf._rng.random(batch)
             return tk.prop_sample(
-                smp.leaves, smp.sinner, smp.minner, smp.offs, smp.depth, u, True, 0.4, n,
+                smp.leaves, smp.sinner, smp.minner, smp.offs, smp.depth, u, no_perm, True, 0.4, n,
                 0, 0, buf.total_added, capacity, out_idx, out_p, out_w, out_k,
             )  # fmt: skip
 

@@ -60,7 +60,10 @@ def test_benchmarks_page_peer_tables_match_committed_csv() -> None:
     assert {cap for cap, *_ in rows} == {2**20, 2**22}
     checked = 0
     for capacity, label, libs, cells in rows:
-        op = next(v for k, v in OPS.items() if label.startswith(k))
+        op = next((v for k, v in OPS.items() if label.startswith(k)), None)
+        if op is None:  # fastper's memory-latency floor rows: fastper's own, not in the csv
+            assert label.startswith(("floor us", "fastper / floor")), label
+            continue
         for lib, cell in zip(libs, cells, strict=True):
             if cell == "n/a":
                 assert (lib, capacity, op) not in values
