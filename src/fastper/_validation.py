@@ -208,6 +208,23 @@ def nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
 NONFINITE_OPTION = "allow_nonfinite_rewards"
 
 
+def rewards_finite(values: np.ndarray) -> bool:
+    """Whether every reward in ``values`` (any shape) is finite; integers pass unread.
+
+    O(1) for one value (no numpy call), O(B) for a batch.
+    """
+    if values.dtype.kind != "f":
+        return True
+    if values.size == 1:
+        return math.isfinite(values.item())
+    flat = values.reshape(-1)
+    # a sum of squares is finite only if every value is (no inf - inf can cancel):
+    # one BLAS call; an overflow (|r| > 1e19 in float32) falls to the exact test
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = flat.dot(flat)
+    return math.isfinite(squares) or bool(np.isfinite(flat).all())
+
+
 def check_finite_rewards(field: str, values: np.ndarray) -> None:
     """Refuse NaN / inf in the rewards of an add (``values``: the field's rows, any shape).
 
@@ -216,19 +233,8 @@ def check_finite_rewards(field: str, values: np.ndarray) -> None:
     Raises:
         ValueError: a reward is NaN or infinite; names the rows and the opt-out.
     """
-    if values.dtype.kind != "f":
+    if rewards_finite(values):
         return
-    if values.size == 1:
-        if math.isfinite(values.item()):
-            return
-    else:
-        flat = values.reshape(-1)
-        # a sum of squares is finite only if every value is (no inf - inf can cancel):
-        # one BLAS call; an overflow (|r| > 1e19 in float32) falls to the exact test
-        with np.errstate(over="ignore", invalid="ignore"):
-            squares = flat.dot(flat)
-        if math.isfinite(squares) or np.isfinite(flat).all():
-            return
     per_row = values.reshape(values.shape[0], -1) if values.ndim > 1 else values.reshape(-1, 1)
     rows = np.flatnonzero(~np.isfinite(per_row).all(axis=1))
     bad = per_row[rows][~np.isfinite(per_row[rows])]

@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import as_index_array, as_value_array, check_int, check_row_ids, to_numpy
+from ._validation import (
+    as_index_array,
+    as_value_array,
+    check_int,
+    check_row_ids,
+    rewards_finite,
+    to_numpy,
+)
 from .buffer_core import locked
 from .buffer_sampling import SamplingMixin
 from .samplers import PriorityMax
@@ -33,22 +40,13 @@ RUN_LIMIT = 1024
 
 
 def _finite(value: Any) -> bool:
-    """Whether every number of a reward matched by the no-cast path is finite. O(1) for one.
-
-    False may also mean "not sure" (a sum of squares that overflows): the
-    general path then checks the rows one by one.
-    """
+    """Whether a reward matched by the no-cast path is finite (:func:`rewards_finite`
+    for arrays). O(1) for one value."""
     t = type(value)
     if t is float:
         return math.isfinite(value)
     if t is np.ndarray:
-        if value.dtype.kind != "f":
-            return True
-        if value.size == 1:
-            return math.isfinite(value.item())
-        if value.ndim == 1:  # NaN and inf propagate through v @ v; one call, no temporary
-            return math.isfinite(value @ value)
-        return bool(np.isfinite(value).all())
+        return rewards_finite(value)
     if t is int or t is bool:
         return True
     return math.isfinite(value)  # a numpy scalar of the field's dtype

@@ -269,3 +269,20 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
                "truncated": False}  # fmt: skip
         np.testing.assert_array_equal(one_fast.add(row), one_slow.add(row))
     _same_state(one_fast.state_dict(), one_slow.state_dict())
+
+
+def test_huge_finite_rewards_are_stored_without_a_warning() -> None:
+    import warnings
+
+    buf = PrioritizedReplayBuffer(8, FIELDS, seed=0)
+    row = {"obs": np.zeros((2, 3), np.float32), "action": np.zeros(2, np.int64),
+           "reward": np.array([3e38, -3e38], np.float32), "done": np.zeros(2, np.float32),
+           "flag": np.zeros(2, bool)}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a sum of squares overflows: no RuntimeWarning
+        buf.add(row)
+    np.testing.assert_array_equal(buf.get([0, 1])["reward"], row["reward"])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="finite"):
+        buf.add(row | {"reward": np.array([3e38, np.inf], np.float32)})
+    _same_state(buf.state_dict(), before)

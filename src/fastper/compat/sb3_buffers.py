@@ -632,16 +632,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             row[name] = _rows(name, obs if key is None else obs[key], want)
             row[next_name] = _rows(next_name, next_obs if key is None else next_obs[key], want)
         n_rows = self._n_rows
-        want = self._action_rows
-        row["action"] = (
-            action if type(action) is np.ndarray and action.shape == want
-            else _rows("action", action, want)
-        )  # fmt: skip
-        row["reward"] = (
-            reward if type(reward) is np.ndarray and reward.shape == n_rows
-            else _rows("reward", reward, n_rows)
-        )  # fmt: skip
-        done_arr = done if type(done) is np.ndarray and done.shape == n_rows else _rows("done", done, n_rows)
+        row["action"] = _rows("action", action, self._action_rows)
+        row["reward"] = _rows("reward", reward, n_rows)
+        done_arr = _rows("done", done, n_rows)
         if done_arr.dtype != np.bool_:
             done_arr = done_arr != 0
         timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
