@@ -103,8 +103,11 @@ class RowsMixin(SamplingMixin):
             FieldTypeError: a value that cannot be cast safely.
         """
         with self._lock:  # (not @locked: one call frame less on the most frequent call)
-            if type(transition) is dict and priorities is None and env_ids is None:
-                slots = self._add_direct(transition)
+            if type(transition) is dict and priorities is None:
+                if self._nstep is not None:
+                    slots = self._add_window_row(transition, env_ids)
+                else:
+                    slots = self._add_direct(transition) if env_ids is None else None
                 if slots is not None:
                     return slots
             return self._add(transition, priorities, env_ids)
@@ -149,14 +152,32 @@ class RowsMixin(SamplingMixin):
 
     def _direct_rows(self) -> DirectRows | None:
         """The storage's no-cast path, rebuilt when a load swaps the storage; None where
-        the buffer has none (a custom storage, frames, n-step windows)."""
+        the buffer has none (a custom storage, frames)."""
         storage = self._storage
         cached = self._direct
         if cached is None or cached[0] is not storage:
-            plain = self._frames is None and self._nstep is None
+            plain = self._frames is None
             rows = storage.direct_rows() if plain and type(storage) is Storage else None
             cached = self._direct = (storage, rows)
         return cached[1]
+
+    def _rows_now(self) -> DirectRows | None:
+        """The no-cast path if the buffer is in its common state now (no save in
+        progress, every slot valid), else None."""
+        cached = self._direct
+        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+        if rows is None or self._guards or self._validity.n_invalid:
+            return None
+        return rows
+
+    def _reward_ok(self, transition: dict[str, Any]) -> bool:
+        """Is the row's reward finite (or unchecked)? A matched value: a Python or numpy
+        number, or an array of the field's shape."""
+        reward = self._reward_check
+        if reward is None:
+            return True
+        r = transition[reward]
+        return math.isfinite(r) if type(r) is float else _finite(r)
 
     def _add_direct(self, transition: dict[str, Any]) -> np.ndarray | None:
         """``add`` of rows that need no cast, on a buffer in its common state; None: not here.
@@ -168,9 +189,8 @@ class RowsMixin(SamplingMixin):
         in progress, invalid slots, a batch that wraps, any value the general
         path would cast or refuse) returns None before changing anything.
         """
-        cached = self._direct
-        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
-        if rows is None or self._guards or self._validity.n_invalid:
+        rows = self._rows_now()
+        if rows is None:
             return None
         matched = rows.match(transition)
         if matched is None:
@@ -181,11 +201,16 @@ class RowsMixin(SamplingMixin):
         n = 1 if k == -1 else k
         if start + n > self._capacity:
             return None
-        reward = self._reward_check
-        if reward is not None:
-            r = transition[reward]
-            if not (math.isfinite(r) if type(r) is float else _finite(r)):
-                return None  # the general path names the row
+        if not self._reward_ok(transition):
+            return None  # the general path names the row
+        return self._store_direct(rows, values, k)
+
+    def _store_direct(self, rows: DirectRows, values: list[Any], k: int) -> np.ndarray:
+        """Store matched rows at the cursor (they fit before the ring's end), then
+        commit ring and priority; the slots. The tail of the no-cast adds."""
+        w = self._writer
+        start = w.cursor
+        n = 1 if k == -1 else k
         priority = self._new_priority()
         rows.write(start, values, k)
         w.advance(n)
@@ -193,6 +218,37 @@ class RowsMixin(SamplingMixin):
         self._new_run(start, n, priority)
         if self._current_max is not None:
             self._current_max.fix(slots)
+        return slots
+
+    def _add_window_row(self, transition: dict[str, Any], env_ids: Any) -> np.ndarray | None:
+        """``add`` of one n-step step that needs no cast and ends nothing, on a buffer in
+        its common state; None: not here (the general path, changing nothing).
+
+        The general path's rules and order (the completed row stored, then the
+        windows committed) without its numpy batches: one step of a known stream,
+        values :class:`~fastper.storage.DirectRows` matches, a finite reward, no
+        episode end (see :meth:`fastper.nstep.NStepWriter.prepare_row`).
+        """
+        nstep = self._nstep
+        assert nstep is not None
+        rows = self._rows_now()
+        if rows is None:
+            return None
+        matcher = self._window_matcher
+        if matcher is None:
+            matcher = self._window_matcher = DirectRows(nstep.fields, self._capacity)
+        matched = matcher.match(transition)
+        if matched is None or matched[1] != -1:
+            return None
+        step = nstep.prepare_row(matched[0], env_ids, self._reward_check is not None)
+        if step is None:
+            return None
+        out, apply = step
+        if out is None:  # the step waits in its window: nothing stored yet
+            nstep.commit_row(apply)
+            return np.empty(0, dtype=np.int64)
+        slots = self._store_direct(rows, out, -1)
+        nstep.commit_row(apply)
         return slots
 
     def _new_run(self, start: int, count: int, priority: float) -> None:

@@ -239,6 +239,20 @@ class NStepWriter:
             # the kernel writes returns in the field's dtype where numba can
             f32_64 = rfield.dtype in (np.float32, np.float64)
             self._rdtype = rfield.dtype if f32_64 else np.dtype(np.float64)
+        # the one-row path on matched values (prepare_row): positions in the input's
+        # field order, and whether this writer's fields allow it
+        pos = {name: i for i, name in enumerate(self.fields)}
+        self._flag_pos = tuple(pos[key] for key, _ in self._flags)
+        self._win_pos = tuple(pos[f] for f in self._window_keys)
+        self._reward_pos = -1 if self.reward_key is None else pos[self.reward_key]
+        rf = None if self.reward_key is None else self.fields[self.reward_key]
+        self._reward_type: Any = None if rf is None else rf.dtype.type
+        self._rows_direct = (
+            self._tracks
+            and all(scalar for _, scalar in self._flags)
+            and (rf is None or (rf.shape == () and rf.dtype.kind == "f"))
+            and (self.n_envs is None or self.n_envs == 1)
+        )
         self._empty_out = {
             name: _frozen(np.zeros((0, *f.shape), dtype=f.dtype))
             for name, f in self.output_fields.items()
@@ -352,9 +366,12 @@ class NStepWriter:
         self._max_len = 0  # >= every pending length: when the ring must grow
 
     def _views(self) -> None:
-        """(streams, w, ...) views of the windows, for the n_envs slice writes."""
+        """(streams, w, ...) views of the windows, for the n_envs slice writes; the
+        window columns with their input positions, for the one-row path."""
         self._win3 = {f: a.reshape(self._cap, self._w, *a.shape[1:]) for f, a in self._win.items()}
         self._rwin3 = self._rwin.reshape(self._cap, self._w, self._reward_size)
+        self._win_cols = tuple(zip(self._win.values(), self._win_pos, strict=True))
+        self._rflat = self._rwin.reshape(-1)  # scalar rewards: one per window row
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -537,13 +554,7 @@ class NStepWriter:
         if not self._scalar_reward:
             return None
         assert self.reward_key is not None
-        # the oldest window is complete: sum its return as the kernel does
-        rew = self._rwin[r * w : r * w + w, 0].tolist()
-        gp = self._gpow_list
-        acc = 0.0
-        for j in range(w):
-            acc += gp[j] * rew[(clock - length + j) % w]
-        acc += gp[w] * float(batch[self.reward_key][0])
+        acc = self._window_return(r, clock, length, float(batch[self.reward_key][0]))
         first = r * w + (clock - length) % w  # == at: copied before commit() reuses it
         out = {}
         for name, kind in self._kinds:
@@ -556,6 +567,106 @@ class NStepWriter:
             else:
                 out[name] = self._disc_full
         return NStepPlan(out, 1, 0, (_ONE, self._version, r, at, batch, clock + 1, length))
+
+    def _window_return(self, r: int, clock: int, length: int, reward: float) -> float:
+        """The return of stream ``r``'s complete window (``length == w`` pending steps
+        of scalar reward) closed by a step of ``reward``: summed in the kernel's
+        order, so the same bits. O(n)."""
+        w = self._w
+        item = self._rflat.item  # a Python float: no numpy scalar in the sum
+        base, oldest = r * w, clock - length
+        gp = self._gpow_list
+        acc = 0.0
+        for j in range(w):
+            acc += gp[j] * item(base + (oldest + j) % w)
+        return acc + gp[w] * reward
+
+    def prepare_row(
+        self, values: list[Any], env_ids: Any, check_reward: bool
+    ) -> tuple[list[Any] | None, tuple[Any, ...]] | None:
+        """:meth:`prepare` for one transition of a known stream that ends nothing, as
+        plain values; ``None``: take :meth:`prepare` (which checks everything).
+
+        ``values``: one row in :attr:`fields` order, each as
+        :class:`~fastper.storage.DirectRows` matched it (of the field's shape,
+        storable with no cast). ``check_reward``: a row whose reward is not finite
+        takes :meth:`prepare` (the buffer refuses it there, naming it). Returns
+        the completed transition's values in
+        :attr:`output_fields` order (None when nothing completes; window values
+        may be views, to be stored before :meth:`commit_row`) and what
+        :meth:`commit_row` applies. Pure. O(n).
+        """
+        if not self._rows_direct:
+            return None
+        if env_ids is None:
+            sid = 0
+        elif type(env_ids) is int and self.n_envs is None and 0 <= env_ids < 2**63:
+            sid = env_ids
+        else:
+            return None
+        r = self._row_of.get(sid)
+        if r is None:
+            return None  # a new stream
+        clock, length, skip, _ = self._meta[r].tolist()
+        if skip:
+            return None
+        for p in self._flag_pos:
+            if values[p]:
+                return None  # an episode end (any nonzero flag): windows are flushed
+        reward = 0.0
+        rp = self._reward_pos
+        if rp >= 0:  # the reward as the field stores it (the windows keep that value)
+            v = values[rp]
+            rtype = self._reward_type
+            reward = float(v) if type(v) is rtype else float(rtype(v))
+            if check_reward and not math.isfinite(reward):
+                return None  # the general path names the row
+        n, w = self.n, self._w
+        disc = self._disc_full[0]
+        if n == 1:  # autoreset only: the row is its own transition
+            out = [*values, disc] if self.discount_field else list(values)
+            return out, (self._version, r, -1, values, 0.0, clock + 1, False)
+        at = r * w + clock % w  # where this row waits
+        if length + 1 < n:
+            if length + 1 > w:
+                return None  # the ring must grow first
+            return None, (self._version, r, at, values, reward, clock + 1, True)
+        # the output fields are the input's, then the discount: the row itself, with
+        # the window's first step's fields (the oldest step: where this row goes)
+        out = values.copy()
+        for col, p in self._win_cols:
+            out[p] = col[at]
+        out[rp] = self._window_return(r, clock, length, reward)
+        out.append(disc)
+        return out, (self._version, r, at, values, reward, clock + 1, False)
+
+    def commit_row(self, apply: tuple[Any, ...]) -> None:
+        """Apply what :meth:`prepare_row` returned. O(fields).
+
+        Raises:
+            RuntimeError: it is stale (see :meth:`commit`).
+        """
+        version, r, at, values, reward, clock, longer = apply
+        if version != self._version:
+            raise RuntimeError("this n-step plan is stale: prepare() it again")
+        self._version += 1
+        if at >= 0:
+            for col, p in self._win_cols:
+                col[at] = values[p]
+            self._rflat[at] = reward
+        if longer:
+            self._advance(r, clock, int(self._meta[r, _nk.LENGTH]) + 1)
+        else:
+            self._meta[r, _nk.CLOCK] = clock
+
+    def _advance(self, r: int, clock: int, length: int) -> None:
+        """Stream ``r`` after one row: its clock and pending count."""
+        meta = self._meta
+        meta[r, _nk.CLOCK] = clock
+        if length != meta[r, _nk.LENGTH]:
+            meta[r, _nk.LENGTH] = length
+            self._n_pending += 1
+            self._max_len = max(self._max_len, length)
 
     def _gather(
         self,
@@ -646,20 +757,13 @@ class NStepWriter:
         kind = apply[0]
         if kind == _ONE:
             _, _, r, at, batch, clock, length = apply
-            for name in self._window_keys:
-                self._win[name][at] = batch[name][0]
-            if self._scalar_reward:
-                assert self.reward_key is not None
-                self._rwin[at, 0] = batch[self.reward_key][0]
-            elif self._reward_size:
-                assert self.reward_key is not None
-                self._rwin[at] = batch[self.reward_key].reshape(-1)
-            meta = self._meta
-            meta[r, _nk.CLOCK] = clock
-            if length != meta[r, _nk.LENGTH]:
-                meta[r, _nk.LENGTH] = length
-                self._n_pending += 1
-                self._max_len = max(self._max_len, length)
+            if at >= 0:
+                for name in self._window_keys:
+                    self._win[name][at] = batch[name][0]
+                if self._reward_size:
+                    assert self.reward_key is not None
+                    self._rwin[at] = batch[self.reward_key].reshape(-1)
+            self._advance(r, clock, length)
             return
         if kind == _DROP:
             self._meta[apply[2], _nk.SKIP] = 0

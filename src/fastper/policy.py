@@ -3,8 +3,9 @@
 One implementation of each rule, written with array operators only (``+``,
 ``*``, ``/``, ``**``, ``min``), so the same function serves numpy arrays (the
 CPU buffer, the sharded coordinator) and torch tensors (the device buffer).
-The compiled CPU kernel (:func:`fastper._kernels.prioritized.prop_sample`)
-evaluates the same expressions in the same order, so that, given the same
+The compiled CPU samplers (proportional and rank-based) take their weights
+from :func:`fastper._kernels.weights.is_weights_into`, which evaluates the
+same expressions in the same order, so that, given the same
 uniforms, every front end returns bit-identical probabilities and weights
 (``tests/unit/test_parity.py`` checks it). The one exception to "operators
 only": the power of a numpy array is taken element by element with the C

@@ -39,8 +39,11 @@ class RankSampler(Sampler):
     compacted in O(N) after at least N/6 inserts). A draw picks a rank from
     the exact law by inverting the prefix sums of ``r^-alpha`` with a guide
     table (O(1) expected, O(log N) at worst), then the slot at that rank
-    (O(log N)). An update of the slots just sampled deletes their old keys
-    along the paths the sample took, without searching for them again.
+    (O(log N)); the IS weights and keys come from the same compiled call. An
+    update is one compiled call too: it checks the entries, drops stale ones,
+    then re-ranks in groups whose cache misses overlap, deleting the old keys
+    of slots just sampled along the paths the sample took (a delete only
+    marks the key dead: nothing moves).
 
     ``sort_every=None`` (exact, the default): every write re-ranks its slots
     at once. ``sort_every=K``: priority updates of slots already stored stay
@@ -58,10 +61,10 @@ class RankSampler(Sampler):
     Memory per slot, beyond the 8-byte raw priority: 8 (``ranked``, the
     priority each slot is ranked by), 8 + 1 (``prefix``, the prefix sums of
     ``r^-alpha``, and its guide table), 1 + 4 (pending mark and list), and
-    the tree: a leaf pool with room for 2 keys of 12 bytes per slot (24
-    bytes, of which a tree 3/4 full touches 16: pages never written are not
-    mapped) and about 2.5 bytes of inner nodes. About 57 bytes reserved,
-    about 49 in use.
+    the tree: a leaf pool with room for 2 keys of 12 bytes per slot and a
+    word of live marks per 32 keys (24.5 bytes, of which a tree 3/4 full
+    touches 16.5: pages never written are not mapped) and an inner-node pool
+    of about 5 bytes (1.2 in use). About 52 bytes reserved, about 40 in use.
     """
 
     kind = "rank"
@@ -90,21 +93,28 @@ class RankSampler(Sampler):
         self.pending = np.zeros(capacity, dtype=np.bool_)
         self._plist = np.zeros(capacity, dtype=np.int32)  # pending slots (may hold stale ones)
         (
-            self._meta, self._lp, self._ls, self._ip, self._isl, self._ic, self._ich, self._inn,
+            self._meta, self._lp, self._ls, self._lm, self._ip, self._isl, self._ic, self._ich,
+            self._inn,
         ) = self._tree = _rk.new_tree(capacity)  # fmt: skip
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
         self._scratch = np.empty((3, 256), dtype=np.int64)  # ranks and descent state of a draw
-        # a write's scratch (paths routed ahead) and the last sample's paths (count,
-        # routing version; slot -> item table; paths): see _kernels.rank_writes._warm
+        # a write's scratch (paths routed ahead, what each change does, the group's
+        # slots) and the last sample's paths (count of draws and the routing version
+        # then; slot -> draw table; paths): see _kernels.rank_writes._prepare
         self._sample = np.zeros(2, dtype=np.int64)
         self._stab = np.empty(2 * 512, dtype=np.int64)
         self._spaths = np.empty(256 * _rk.MAXH, dtype=np.int64)
         self._warm_state = self._new_warm_state()
+        # an update's priorities kept (slots, values), and how many the tree took
+        self._kept_idx = np.empty(256, dtype=np.int64)
+        self._kept_p = np.empty(256, dtype=np.float64)
+        self._done = np.zeros(1, dtype=np.int64)
 
     def _new_warm_state(self) -> tuple[np.ndarray, ...]:
         return (
-            np.empty(2 * _rk.WARM * _rk.MAXH, dtype=np.int64),
-            np.empty(_rk.WARM, dtype=np.int64),
+            np.empty(4 * _rk.WARM * _rk.MAXH, dtype=np.int64),
+            np.empty(2 * _rk.WARM, dtype=np.int64),
+            np.empty(8 * _rk.WARM, dtype=np.int64),
             self._sample, self._stab, self._spaths,
         )  # fmt: skip
 
@@ -145,6 +155,32 @@ class RankSampler(Sampler):
             slots.shape[0],
         )
 
+    def update_from_td(
+        self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
+        clip: float, size: int, key_base: int, added: int, status: np.ndarray,
+    ) -> float:  # fmt: skip
+        """The base class's update (checks, stale keys dropped, then :meth:`write`) in
+        one compiled call."""
+        b = idx.shape[0]
+        if self._kept_idx.shape[0] < b:
+            self._kept_idx = np.empty(b, dtype=np.int64)
+            self._kept_p = np.empty(b, dtype=np.float64)
+        kept_idx, kept_p, done = self._kept_idx, self._kept_p, self._done
+        pmax = _rk.update(
+            *self._tree, self.ranked, self.raw, self.pending, self._plist,
+            self.sort_every is not None, *self._warm_state, idx, td, keys, use_keys, eps, clip,
+            self.priority_limit(), size, key_base, added, self.capacity, kept_idx, kept_p,
+            status, done,
+        )  # fmt: skip
+        kept = int(status[2])
+        if status[0] == 0 and int(done[0]) < kept:
+            d = int(done[0])
+            if d < 0:  # pragma: no cover - only a bug
+                raise RuntimeError("the rank tree is corrupt: internal error, please report it")
+            _rk.compact(*self._tree)  # the node pools ran out: the rest after a compaction
+            self.write(kept_idx[d:kept].copy(), kept_p[d:kept].copy())
+        return float(pmax)
+
     def write_run(self, start: int, count: int, p: float) -> None:
         """New transitions in slots ``start .. start+count-1``: priority ``p``, ranked now."""
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
@@ -165,7 +201,6 @@ class RankSampler(Sampler):
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
         if _rk.remove(*t, ranked, raw, pending, slots) < 0:  # pragma: no cover - only a bug
             raise RuntimeError("the rank tree is corrupt: internal error, please report it")
-        self._sample[0] = 0  # the last sample's paths may cross the changed leaves
         self._seg_cache = None
 
     def set_alpha(self, alpha: float, n: int) -> None:
@@ -181,10 +216,19 @@ class RankSampler(Sampler):
             t, ranked, raw, pending, plist = (
                 self._tree, self.ranked, self.raw, self.pending, self._plist,
             )  # fmt: skip
-            self._run(
-                lambda k: _rk.apply_pending(*t, ranked, raw, pending, plist, *self._warm_state),
-                1,
-            )
+            meta = self._meta
+            compacted = False
+            while True:  # a re-ranking may take several compactions (each frees room
+                # for at least N/6 inserts); none re-ranked after one is a bug
+                left = int(meta[_rk.PCOUNT])
+                code = _rk.apply_pending(*t, ranked, raw, pending, plist, *self._warm_state)
+                if code == 1:
+                    break
+                stuck = compacted and int(meta[_rk.PCOUNT]) == left
+                if code < 0 or stuck:  # pragma: no cover - only a bug
+                    raise RuntimeError("the rank tree is corrupt: internal error, please report it")
+                _rk.compact(*self._tree)
+                compacted = True
         self.samples_since_sort = 0
 
     def _maybe_sort(self, n: int) -> None:
@@ -260,6 +304,9 @@ class RankSampler(Sampler):
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        # no recorded paths until this draw's are complete (a call that raises below
+        # must not leave a count over tables it has not filled)
+        self._sample[0] = 0
         self._maybe_sort(n)
         self.samples_since_sort += 1
         b = u.shape[0]
@@ -287,18 +334,21 @@ class RankSampler(Sampler):
             prob = 1.0 / (b * lengths[seg].astype(np.float64))
             pmin = 1.0 / (b * float(lengths.max()))
             _rk.select(*self._tree, ranks, node, rem, idx, self._spaths, self._stab)
+            keys = slot_keys(idx, key_base, added, self.capacity)
+            weights = normalised_weights(prob, 1.0, pmin, n, beta, norm)
         else:
             prob = np.empty(b, dtype=np.float64)
+            weights = np.empty(b, dtype=np.float64)
+            keys = np.empty(b, dtype=np.int64)
+            pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
             _rk.sample_exact(
                 *self._tree, self.prefix, self._guide, self._scale, n, u, stratified,
-                self.alpha, ranks, node, rem, idx, prob, self._spaths, self._stab,
+                self.alpha, ranks, node, rem, idx, prob, self._spaths, self._stab, key_base,
+                added, keys, float(beta), norm, pmin, weights,
             )  # fmt: skip
-            pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
         self._sample[0] = b  # their paths: an update of these slots need not route
         self._sample[1] = self._meta[_rk.VERSION]
-        # rank weights: probabilities are the masses (total 1)
-        weights = normalised_weights(prob, 1.0, pmin, n, beta, norm)
-        return idx, prob, weights, slot_keys(idx, key_base, added, self.capacity)
+        return idx, prob, weights, keys
 
     # -- whole-state operations ------------------------------------------------------
     def _rebuild(self, n: int) -> None:

@@ -263,12 +263,77 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
     one_fast = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
     one_slow = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
     one_slow._window_batch = lambda t: coerce_batch(one_slow._nstep.fields, t, None)  # type: ignore[method-assign]
+    one_slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
     for t in range(30):
         row = {"obs": np.full(2, t, np.float32), "action": t % 3, "reward": 0.5 * t,
                "next_obs": np.full(2, t + 1, np.float32), "terminated": t % 7 == 6,
                "truncated": False}  # fmt: skip
         np.testing.assert_array_equal(one_fast.add(row), one_slow.add(row))
     _same_state(one_fast.state_dict(), one_slow.state_dict())
+
+
+def _window_row(rng: np.random.Generator, t: int, style: str, reward: Any, end_p: float) -> dict:
+    obs = rng.standard_normal(2).astype(np.float32)
+    term, trunc = bool(rng.random() < end_p), bool(rng.random() < end_p / 2)
+    if style == "python":
+        return {"obs": obs, "action": int(t % 3), "reward": reward, "next_obs": obs + 1,
+                "terminated": term, "truncated": trunc}  # fmt: skip
+    return {"obs": obs, "action": np.int64(t % 3), "reward": np.float32(reward),
+            "next_obs": obs + 1, "terminated": np.bool_(term), "truncated": np.array(trunc)}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "autoreset", "reward_dtype", "n_envs"),
+    [(3, None, np.float32, None), (2, "next_step", np.float64, None), (5, None, np.float64, 1),
+     (1, "next_step", np.float32, None), (40, None, np.float32, None)],
+)  # fmt: skip
+def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
+    n: int, autoreset: Any, reward_dtype: Any, n_envs: Any
+) -> None:
+    """One row at a time, from several streams (int ``env_ids``) or one, in Python
+    numbers or numpy scalars, with episode ends, non-finite rewards (refused) and
+    a ring that wraps: the row path leaves what the general path leaves."""
+    fields = {"obs": ((2,), np.float32), "action": ((), np.int64), "reward": ((), reward_dtype),
+              "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
+              "truncated": ((), np.bool_)}  # fmt: skip
+    kw: dict[str, Any] = {"n_step": n, "gamma": 0.9, "autoreset": autoreset, "seed": 2}
+    if n_envs is not None:
+        kw["n_envs"] = n_envs
+    fast, slow = PrioritizedReplayBuffer(29, fields, **kw), PrioritizedReplayBuffer(29, fields, **kw)
+    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    took = [0]
+    row_path = fast._add_window_row
+
+    def counted(t: Any, e: Any) -> Any:
+        out = row_path(t, e)
+        took[0] += out is not None
+        return out
+
+    fast._add_window_row = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(n)
+    streams = 1 if n_envs is not None else 3
+    for t in range(600):
+        sid = int(rng.integers(0, streams))
+        env_ids = None if streams == 1 else sid
+        reward = float(rng.standard_normal()) if rng.random() > 0.02 else float("nan")
+        row = _window_row(rng, t, "python" if rng.random() < 0.5 else "numpy", reward, 0.08)
+        if reward != reward:
+            for buf in (fast, slow):
+                with pytest.raises(ValueError, match="finite"):
+                    buf.add(row, env_ids=env_ids)
+        else:
+            np.testing.assert_array_equal(fast.add(row, env_ids=env_ids), slow.add(row, env_ids=env_ids))
+        if t % 50 == 49:
+            a, b = fast.sample(5), slow.sample(5)
+            np.testing.assert_array_equal(a.indices, b.indices)
+            _same_state(a.data, b.data)
+            fast.update_priorities(a.indices, np.arange(5.0), keys=a.keys)
+            slow.update_priorities(b.indices, np.arange(5.0), keys=b.keys)
+            _same_state(fast.state_dict(), slow.state_dict(), f"step {t}")
+        if t == 300:  # the row path reads its windows through views: rebuilt by a load
+            fast.load_state_dict(fast.state_dict())
+    _same_state(fast.state_dict(), slow.state_dict(), "end")
+    assert took[0] > 150, "the row path must be taken"
 
 
 def test_huge_finite_rewards_are_stored_without_a_warning() -> None:

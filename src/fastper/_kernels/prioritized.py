@@ -25,6 +25,7 @@ from .tree import (
     fix_sum_min_paths,
     rebuild,
 )
+from .weights import is_weights_into
 
 
 @njit(cache=True, nogil=True)
@@ -219,20 +220,9 @@ def prop_sample(
             )
             leaf = leaves[_u(out_idx[k])]
         out_prob[k] = leaf
-    if norm_mode == 0:
-        lmin = minner[offs[depth]]
-        for k in range(b):
-            out_w[k] = (out_prob[k] / lmin) ** (-beta)
-    elif norm_mode == 1:
-        lmin = np.inf
-        for k in range(b):
-            if out_prob[k] < lmin:
-                lmin = out_prob[k]
-        for k in range(b):
-            out_w[k] = (out_prob[k] / lmin) ** (-beta)
-    else:
-        for k in range(b):
-            out_w[k] = (n * (out_prob[k] / total)) ** (-beta)
+    # the min tree is read only for the buffer-wide normalisation (without it, empty)
+    lmin = minner[offs[depth]] if norm_mode == 0 else 0.0
+    is_weights_into(out_prob, total, lmin, n, beta, norm_mode, out_w)
     for k in range(b):
         out_prob[k] = out_prob[k] / total
     slot_keys(out_idx, key_base, added, capacity, out_keys)

@@ -8,6 +8,8 @@ The kernels are split by responsibility:
   costs (a compaction needs at least N/6 inserts since the last one);
 * :mod:`fastper._kernels.rank_writes`: batched priority changes along
   prefetched paths, and deferred changes;
+* :mod:`fastper._kernels.rank_bits`: the bit operations on a leaf's word of
+  live marks;
 * this module: the reads (select by rank, rank of a slot) and the draws
   (rank weights' prefix sums, guide table, exact draws).
 
@@ -21,8 +23,10 @@ import numpy as np
 
 from ._intrinsics import prefetch
 from ._jit import njit
+from .rank_bits import low_bits, popcount, select_bit
 from .rank_tree import (
     _HOT,
+    CHILD_AT,
     CORRUPT,
     FULL,
     HEIGHT,
@@ -41,7 +45,7 @@ from .rank_tree import (
     F,
     L,
     _fetch,
-    _leaf_pos,
+    _leaf_find,
     _route,
     bulk_load,
     compact,
@@ -54,9 +58,12 @@ from .rank_writes import (
     _remember,
     apply_pending,
     remove,
+    update,
     write,
     write_run,
 )
+from .ring import slot_keys
+from .weights import is_weights_into
 
 GUIDE = 4  # ranks per guide-table bucket (see :func:`guide_table`)
 
@@ -92,6 +99,7 @@ __all__ = [
     "remove",
     "sample_exact",
     "select",
+    "update",
     "write",
     "write_run",
 ]
@@ -103,17 +111,21 @@ __all__ = [
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pragma: no cover
+def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pragma: no cover
     """``out[k]`` = the slot at 0-based rank ``ranks[k]`` (each ``< meta[SIZE]``).
 
     All ranks descend together, one level at a time; each prefetches the
-    lines its next level reads, so the misses of a batch overlap.
+    lines its next level reads, so the misses of a batch overlap. Inside a
+    node, the child holding rank ``r`` is the number of children whose
+    running count stays at or below ``r`` (a vector prefix sum and compare,
+    :func:`~fastper._kernels.rank_bits.child_at16` and wider); inside a leaf, it is
+    the ``r``-th live position.
     ``node`` / ``rem``: int64 scratch, as long as ``ranks``. The path taken
     (child position per level, top down) and, last, the position in the leaf
     are recorded in ``spaths[k * MAXH ..]`` (``len(ranks) * MAXH`` int64)
     and ``k`` under its slot in the hash table ``stab`` (see
-    :func:`_lookup`): a later update of these slots deletes their keys along
-    it instead of routing (:func:`_warm`).
+    :func:`~fastper._kernels.rank_writes._lookup`): a later update of these
+    slots deletes their keys along it instead of routing.
     """
     b = ranks.shape[0]
     h = meta[HEIGHT]
@@ -125,40 +137,41 @@ def _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pra
             nd = node[k]
             r = rem[k]
             base = nd * F
-            last = inn[nd] - 1
-            j = 0
-            while j < last and r >= ic[base + j]:
-                r -= ic[base + j]
-                j += 1
+            j, before = CHILD_AT(ic, base, r)  # unused positions count 0: never past r
+            r -= before
             if level < MAXH - 1:
                 spaths[k * MAXH + level] = base + j
             child = ich[base + j]
             node[k] = child
             rem[k] = r
             if level < h - 1:
-                prefetch(ic, child * F)
-                prefetch(ich, child * F)
+                for c in range(0, F, 16):
+                    prefetch(ic, child * F + c)
+                    prefetch(ich, child * F + c)
             else:
+                prefetch(lm, child)
                 prefetch(ls, child * L + r)
     for j in range(stab.shape[0]):
         stab[j] = -1
     for k in range(b):
-        s = ls[node[k] * L + rem[k]]
+        leaf = node[k]
+        pos = select_bit(lm[leaf], rem[k])
+        s = ls[leaf * L + pos]
         out[k] = s
-        spaths[k * MAXH + MAXH - 1] = rem[k]  # the key's position in its leaf
+        spaths[k * MAXH + MAXH - 1] = pos  # the key's position in its leaf
         _remember(stab, s, k)
 
 
 @njit(**_HOT)
 def select(
-    meta, lp, ls, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, stab
+    meta, lp, ls, lm, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, stab
 ):  # pragma: no cover - compiled
     """``out[k]`` = the slot at 0-based rank ``ranks[k]``; see :func:`_select`."""
-    _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab)
+    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab)
 
 
 @njit(**_HOT)
-def rank_of(meta, lp, ls, ip, isl, ic, ich, inn, ranked, slots, out):  # pragma: no cover
+def rank_of(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, slots, out):  # pragma: no cover
     """``out[k]`` = 0-based rank of slot ``slots[k]`` (which must be in the tree)."""
     for k in range(slots.shape[0]):
         s = slots[k]
@@ -169,10 +182,11 @@ def rank_of(meta, lp, ls, ip, isl, ic, ich, inn, ranked, slots, out):  # pragma:
             i = _route(ip, isl, node, p, s)
             base = node * F
             node = ich[base + i]
-            _fetch(lp, ls, ip, ic, ich, node, level)
+            _fetch(lp, ls, lm, ip, ic, ich, node, level)
             for j in range(i):
                 acc += ic[base + j]
-        out[k] = acc + _leaf_pos(lp, ls, node, p, s) - 1
+        pos = _leaf_find(lp, ls, lm, node, p, s)
+        out[k] = acc + popcount(lm[node] & low_bits(pos))
 
 
 def guide_table(prefix: np.ndarray) -> tuple[np.ndarray, float]:
@@ -231,15 +245,22 @@ def _find_rank(prefix, n, t, r):  # pragma: no cover - compiled
 
 @njit(**_HOT)
 def sample_exact(
-    meta, lp, ls, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, stratified, alpha, ranks,
-    node, rem, out, prob, spaths, stab,
+    meta, lp, ls, lm, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, stratified, alpha,
+    ranks, node, rem, out, prob, spaths, stab, key_base, added, keys, beta, norm, pmin, weights,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Draw ranks from P(r) = (r + 1)^-alpha / prefix[n - 1] (0-based r), then their slots.
 
     ``u``: uniforms in [0, 1); stratified: draw ``k`` lands in the ``k``-th of
-    ``B`` equal slices of the mass. Writes ``ranks``, the slots ``out`` and
-    ``prob``. O(B log N). Two passes over the batch: the first finds where each
-    search starts and prefetches its prefix sums, so that their misses overlap.
+    ``B`` equal slices of the mass. Writes ``ranks``, the slots ``out``,
+    ``prob``, the slots' keys ``keys`` (:func:`fastper._kernels.ring.slot_keys`
+    for ``key_base`` and ``added``) and the IS ``weights`` for ``beta``. O(B log N).
+    Two passes over the batch: the first finds where each search starts and
+    prefetches its prefix sums, so that their misses overlap.
+
+    The weights follow the shared rule (:func:`fastper.policy.is_weights`, the
+    probabilities being the masses, of total 1) with its expressions in its
+    order, one ``pow`` per element: the same bits. ``norm``: 0 buffer-wide
+    (``pmin``: the smallest probability held), 1 the batch's, 2 none.
     """
     b = u.shape[0]
     total = prefix[n - 1]
@@ -255,7 +276,9 @@ def sample_exact(
         r = _find_rank(prefix, n, t, ranks[k])
         ranks[k] = r
         prob[k] = (r + 1.0) ** (-alpha) / total
-    _select(meta, ls, ic, ich, inn, ranks, node, rem, out, spaths, stab)
+    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab)
+    slot_keys(out, key_base, added, prefix.shape[0], keys)  # one prefix sum per slot
+    is_weights_into(prob, 1.0, pmin, n, beta, norm, weights)  # masses = probabilities
 
 
 @njit(cache=True, nogil=True)

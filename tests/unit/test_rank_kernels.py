@@ -1,0 +1,372 @@
+"""The rank tree's building blocks: bit and vector operations, tombstone leaves,
+recorded paths across splits, and the fused update and sampling kernels.
+
+The whole-tree oracle checks (select and rank against a sort) are in
+``test_rank_structure.py``; here each new piece is checked on its own, and a
+walk over the tree's arrays checks every invariant the kernels rely on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+from fastper import policy
+from fastper._kernels import rank as _rk
+from fastper._kernels import rank_bits as rb
+from fastper.sampler_base import Sampler, normalised_weights
+from fastper.samplers import RankSampler
+from tests.unit.test_rank_structure import CHOICES, oracle_order, select
+
+MASK64 = (1 << 64) - 1
+
+
+def bits_of(word: int) -> list[int]:
+    u = int(word) & MASK64
+    return [j for j in range(64) if (u >> j) & 1]
+
+
+# ---------------------------------------------------------------------------
+# bit and vector operations
+# ---------------------------------------------------------------------------
+
+
+@njit
+def _bit_ops(xs, out):  # pragma: no cover - compiled
+    for i in range(xs.shape[0]):
+        x = xs[i]
+        out[i, 0] = rb.popcount(x)
+        out[i, 1] = rb.ctz(x)
+        out[i, 2] = rb.clz(x)
+        out[i, 3] = rb.lshr(x, i % 64)
+        out[i, 4] = rb.low_bits(i % 65)
+
+
+@njit
+def _select_bit(x, r):  # pragma: no cover - compiled
+    return rb.select_bit(x, r)
+
+
+def test_bit_operations_match_python_integers():
+    rng = np.random.default_rng(0)
+    xs = rng.integers(-(2**63), 2**63 - 1, 300, dtype=np.int64)
+    xs[:5] = [0, -1, 1, -(2**63), 2**63 - 1]
+    out = np.empty((300, 5), dtype=np.int64)
+    _bit_ops(xs, out)
+    for i, x in enumerate(xs):
+        u = int(x) & MASK64
+        on = bits_of(x)
+        assert out[i, 0] == len(on)
+        assert out[i, 1] == (on[0] if on else 64)
+        assert out[i, 2] == (63 - on[-1] if on else 64)
+        assert int(out[i, 3]) & MASK64 == u >> (i % 64)
+        assert int(out[i, 4]) & MASK64 == (1 << (i % 65)) - 1
+    for x in xs[1:40]:
+        for r, pos in enumerate(bits_of(x)):
+            assert _select_bit(x, r) == pos
+
+
+def _mask_kernel(name: str):  # noqa: ANN202 - a compiled test helper
+    fn = getattr(rb, name)
+
+    @njit
+    def call(arr, base, x):  # pragma: no cover - compiled
+        return fn(arr, base, x)
+
+    return call
+
+
+@pytest.mark.parametrize("n", [16, 32, 64])
+def test_vector_compares_and_child_search_match_numpy(n):
+    rng = np.random.default_rng(n)
+    gt, eq, le = (_mask_kernel(f"{op}{n}") for op in ("gt", "eq", "le"))
+    child = _mask_kernel(f"child_at{n}")
+    vals = np.round(rng.random(4 * n), 1)  # ties
+    vals[5] = -np.inf
+    vals[6] = np.inf
+    slots = rng.integers(0, 10, 4 * n).astype(np.int32)
+    for base in (0, n, 2 * n):
+        for x in (0.0, 0.3, 0.55, 1.0):
+            assert bits_of(gt(vals, base, x)) == [j for j in range(n) if vals[base + j] > x]
+            assert bits_of(eq(vals, base, x)) == [j for j in range(n) if vals[base + j] == x]
+        assert bits_of(le(slots, base, 4)) == [j for j in range(n) if slots[base + j] <= 4]
+    counts = np.zeros(2 * n, dtype=np.int32)
+    for _ in range(200):
+        k = int(rng.integers(1, n + 1))
+        counts[:] = 0
+        counts[n : n + k] = rng.integers(0, 6, k)  # zeros: empty leaves are skipped
+        total = int(counts.sum())
+        if not total:
+            continue
+        r = int(rng.integers(0, total))
+        running = np.cumsum(counts[n:])
+        j = int((running <= r).sum())
+        assert child(counts, n, r) == (j, int(running[j - 1]) if j else 0)
+
+
+# ---------------------------------------------------------------------------
+# the tree's invariants, walked in Python
+# ---------------------------------------------------------------------------
+
+
+def check_invariants(s: RankSampler, n: int) -> None:
+    """Every invariant the kernels rely on, over the tree of ``s`` (slots 0..n-1)."""
+    meta, lp, ls, lm, ip, isl, ic, ich, inn = s._tree
+    leaf_w, fan = _rk.L, _rk.F
+    seen: list[tuple[float, int]] = []
+
+    def walk(node: int, level: int, lo: tuple[float, int] | None, hi: tuple[float, int] | None):
+        """Live keys under ``node``, checking counts and ranges; ``lo``/``hi``: its range."""
+        total = 0
+        k = int(inn[node])
+        assert 1 <= k <= fan
+        assert ip[node * fan] == np.inf  # separator 0
+        for j in range(fan):
+            q = node * fan + j
+            if j >= k:
+                assert ip[q] == -np.inf and ic[q] == 0  # unused positions
+                continue
+            c_lo = lo if j == 0 else (float(ip[q]), int(isl[q]))
+            c_hi = hi if j == k - 1 else (float(ip[q + 1]), int(isl[q + 1]))
+            if level == 1:
+                got = walk_leaf(int(ich[q]), c_lo, c_hi)
+            else:
+                got = walk(int(ich[q]), level - 1, c_lo, c_hi)
+            assert ic[q] == got, "a count differs from the live keys under it"
+            total += got
+        return total
+
+    def before(a: tuple[float, int], b: tuple[float, int]) -> bool:
+        return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
+
+    def walk_leaf(leaf: int, lo, hi) -> int:
+        base = leaf * leaf_w
+        live = bits_of(lm[leaf])
+        used = [j for j in range(leaf_w) if lp[base + j] != -np.inf]
+        assert used == list(range(len(used))), "unused positions must be the last ones"
+        assert set(live) <= set(used)
+        keys = [(float(lp[base + j]), int(ls[base + j])) for j in used]
+        for a, b in zip(keys, keys[1:], strict=False):
+            assert not before(b, a), "keys in use must be sorted, dead ones included"
+        for j in live:
+            key = keys[j]
+            assert lo is None or not before(key, lo), "a live key before its leaf's range"
+            assert hi is None or before(key, hi), "a live key past its leaf's range"
+            seen.append(key)
+        return len(live)
+
+    size = walk(int(meta[_rk.ROOT]), int(meta[_rk.HEIGHT]), None, None)
+    assert size == meta[_rk.SIZE] == len(seen)
+    ranked = s.ranked[:n]
+    want = {(float(ranked[i]), i) for i in range(n) if ranked[i] >= 0}
+    assert set(seen) == want, "the live keys must be exactly (ranked priority, slot)"
+    assert len(seen) == len(want)
+    np.testing.assert_array_equal(
+        s.order, oracle_order(np.where(ranked >= 0, ranked, -1.0))[: len(want)]
+    )
+
+
+
+
+def _priorities(rng: np.random.Generator, k: int) -> np.ndarray:
+    p = rng.choice(CHOICES, size=k)
+    fresh = rng.random(k) < 0.4
+    p[fresh] = rng.exponential(size=int(fresh.sum()))
+    return p
+
+
+@pytest.mark.parametrize("capacity", [40, 700, 5000])
+def test_random_operations_keep_every_invariant(capacity):
+    """Writes, draws then updates of the drawn slots (recorded paths), removals
+    (tombstones), re-insertions of a removed key with the same priority,
+    deferred changes and compactions, each followed by the invariant walk."""
+    rng = np.random.default_rng(capacity)
+    s = RankSampler(capacity, 0.7)
+    d = RankSampler(capacity, 0.7, sort_every=3)
+    for t in (s, d):
+        t.write_run(0, capacity, 1.0)
+    for step in range(60):
+        op = step % 6
+        for t in (s, d):
+            if op == 0:  # a draw, then an update of its slots: deletes along the paths
+                idx, _, _, _ = t.sample(rng.random(64), capacity, 0.5, True, 0, 0, capacity)
+                t.write(rng.permutation(idx), _priorities(rng, idx.shape[0]))
+            elif op == 1:  # many changes: splits, and compactions at small capacities
+                slots = rng.integers(0, capacity, 3 * capacity // 2)
+                t.write(slots, _priorities(rng, slots.shape[0]))
+            elif op == 2 and t is s:  # tombstones, then the same keys back
+                gone = np.unique(rng.integers(0, capacity, max(1, capacity // 10)))
+                old = t.raw[gone].copy()
+                t.invalidate(gone, capacity)
+                check_invariants(t, capacity)
+                t.write(gone, old, new=True)  # the dead key's twin comes back
+            elif op == 3:  # a draw, then splits, then the update of the drawn slots
+                idx, _, _, _ = t.sample(rng.random(32), capacity, 0.5, False, 0, 0, capacity)
+                others = rng.integers(0, capacity, capacity)
+                t.write(others, np.full(capacity, 1e-9 * (step + 1)))
+                t.write(idx, _priorities(rng, idx.shape[0]))
+            elif op == 4:
+                t.write_run(int(rng.integers(0, capacity)), 1, float(rng.choice(CHOICES)))
+            else:
+                t.sort(capacity)
+            check_invariants(t, capacity)
+    for t in (s, d):
+        t.sort(capacity)
+        check_invariants(t, capacity)
+        want = oracle_order(t.ranked[:capacity])
+        np.testing.assert_array_equal(select(t, np.arange(capacity)), want)
+
+
+def test_a_removed_key_inserted_again_is_found_among_its_dead_twins():
+    s = RankSampler(64, 1.0)
+    s.write_run(0, 64, 1.0)  # every key equal: ties by slot
+    for _ in range(3):
+        s.invalidate(np.array([5, 9]), 64)
+        s.write(np.array([5, 9]), np.array([1.0, 1.0]), new=True)
+    s.write(np.array([5]), np.array([2.0]))  # deletes the live (1.0, 5) only
+    check_invariants(s, 64)
+    assert s.order[:2].tolist() == [5, 0]
+    np.testing.assert_array_equal(s.ranks(np.array([5, 9, 10]), 64), [0, 9, 10])
+
+
+def test_compaction_drops_tombstones():
+    s = RankSampler(300, 0.7)
+    s.write_run(0, 300, 1.0)
+    s.invalidate(np.arange(0, 300, 2), 300)
+    _rk.compact(*s._tree)
+    meta, lp, ls, lm, *_ = s._tree
+    for leaf in range(int(meta[_rk.LEAVES])):
+        used = int((lp[leaf * _rk.L : (leaf + 1) * _rk.L] != -np.inf).sum())
+        assert bits_of(lm[leaf]) == list(range(used))  # every used position live
+    check_invariants(s, 300)
+
+
+def test_deferred_changes_that_need_several_compactions(monkeypatch):
+    """Re-ranking every slot at once can exhaust the node pools more than once."""
+    cap = 3000
+    rng = np.random.default_rng(4)
+    s = RankSampler(cap, 0.7, sort_every=10**6)
+    s.write_run(0, cap, 1.0)
+    for r in range(6):  # new transitions (ranked at once) pushed to the end: splits
+        s.write(rng.permutation(cap), np.full(cap, 0.5 ** (r + 1)), new=True)
+    s.write(np.arange(cap), rng.choice([0.0, 0.5, 1.0, 2.0], size=cap))
+    assert s.n_changed == cap
+    calls = []
+    compact = _rk.compact
+    monkeypatch.setattr(_rk, "compact", lambda *t: calls.append(1) or compact(*t))
+    s.sort(cap)
+    assert len(calls) >= 2
+    assert s.n_changed == 0
+    check_invariants(s, cap)
+
+
+# ---------------------------------------------------------------------------
+# the fused kernels against the shared rules
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", [0, 1, 2])
+def test_sampled_weights_are_the_shared_rule_bit_for_bit(norm):
+    rng = np.random.default_rng(norm)
+    s = RankSampler(4000, 0.7)
+    s.write(np.arange(4000), rng.exponential(size=4000), new=True)
+    for n in (1, 3, 4000):
+        for beta in (0.0, 0.4, 1.0, 1.7):
+            idx, prob, w, keys = s.sample(rng.random(300), n, beta, True, norm, 7, 4000 + 7)
+            pmin = float(n) ** (-s.alpha) / s.prefix[n - 1]
+            np.testing.assert_array_equal(w, normalised_weights(prob, 1.0, pmin, n, beta, norm))
+            np.testing.assert_array_equal(
+                w, policy.is_weights(prob, 1.0, pmin, n, beta, policy.NORMS[norm])
+            )
+            np.testing.assert_array_equal(keys, idx + 7)
+
+
+def _base_update(s: RankSampler, *args):  # noqa: ANN202
+    return Sampler.update_from_td(s, *args)
+
+
+@pytest.mark.parametrize("sort_every", [None, 5])
+def test_fused_update_equals_the_checked_write(sort_every):
+    """The one-call update keeps the base class's rules: stale keys dropped,
+    errors leave everything unchanged, the last duplicate wins."""
+    cap = 500
+    rng = np.random.default_rng(8)
+    a, b = (
+        RankSampler(cap, 0.7, sort_every=sort_every),
+        RankSampler(cap, 0.7, sort_every=sort_every),
+    )
+    for t in (a, b):
+        t.write(np.arange(cap), np.linspace(0.1, 2.0, cap), new=True)
+    added = cap + 37  # the ring wrapped: slots below 37 hold newer transitions
+    for step in range(30):
+        idx = rng.integers(0, cap, 200)
+        td = rng.standard_normal(200)
+        keys = np.where(idx < 37, idx + cap, idx)
+        keys[rng.random(200) < 0.2] -= cap  # stale: these slots were overwritten since
+        keys = np.maximum(keys, 0)
+        if step == 7:
+            td[3] = np.nan  # an error: nothing changes
+        if step == 9:
+            idx[5] = cap + 3  # out of range
+        st_a, st_b = np.zeros(4, np.int64), np.zeros(4, np.int64)
+        args = (idx, td, keys, True, 1e-3, 1.5, cap, 0, added)
+        pa = a.update_from_td(*args, st_a)
+        pb = _base_update(b, *args, st_b)
+        assert pa == pb
+        np.testing.assert_array_equal(st_a, st_b)
+        np.testing.assert_array_equal(a.raw, b.raw)
+        np.testing.assert_array_equal(a.ranked, b.ranked)
+        np.testing.assert_array_equal(a.order, b.order)
+    check_invariants(a, cap)
+
+
+def test_fused_update_compacts_when_the_pools_run_out():
+    cap = 64
+    s = RankSampler(cap, 0.7)
+    s.write_run(0, cap, 1.0)
+    rng = np.random.default_rng(9)
+    status = np.zeros(4, np.int64)
+    for step in range(40):  # keys pushed to the end again and again: splits
+        idx = rng.permutation(cap)
+        s.update_from_td(idx, np.full(cap, 0.5**step), idx, False, 0.0, np.inf, cap, 0, cap,
+                         status)  # fmt: skip
+        assert status[0] == 0 and status[2] == cap
+        check_invariants(s, cap)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_weights_of_an_underflowing_law_follow_numpy():
+    """alpha = 400: every probability past rank 1 underflows to 0; the compiled
+    weights divide by zero as numpy does (inf, nan), never raising."""
+    s = RankSampler(50, 400.0)
+    s.write(np.arange(50), np.arange(50.0), new=True)
+    u = np.linspace(0.0, 0.999, 64)
+    for norm in (0, 1, 2):
+        idx, prob, w, _ = s.sample(u, 50, 0.5, True, norm, 0, 50)
+        pmin = 50.0**-400.0 / s.prefix[49]
+        assert pmin == 0.0
+        np.testing.assert_array_equal(w, normalised_weights(prob, 1.0, pmin, 50, 0.5, norm))
+
+
+def test_a_draw_that_raises_leaves_no_recorded_paths():
+    """An update after a failed draw must route its keys, not follow paths the
+    failed draw never wrote."""
+    s = RankSampler(64, 0.7)
+    s.write(np.arange(64), np.linspace(0.1, 2.0, 64), new=True)
+    s.sample(np.linspace(0.0, 0.99, 16), 64, 0.5, True, 0, 0, 64)
+    assert s._sample[0] == 16
+    with pytest.raises((ZeroDivisionError, IndexError, ValueError)):
+        s.sample(np.linspace(0.0, 0.99, 300), 0, 0.5, True, 0, 0, 64)  # no slot to draw
+    assert s._sample[0] == 0
+
+
+def test_an_integral_beta_weighs_as_the_float_one():
+    s = RankSampler(64, 0.7)
+    s.write(np.arange(64), np.linspace(0.1, 2.0, 64), new=True)
+    u = np.linspace(0.0, 0.99, 32)
+    for norm in (0, 1, 2):
+        _, _, w_int, _ = s.sample(u, 64, 3, True, norm, 0, 64)
+        _, _, w_float, _ = s.sample(u, 64, 3.0, True, norm, 0, 64)
+        np.testing.assert_array_equal(w_int.view(np.int64), w_float.view(np.int64))
