@@ -221,13 +221,15 @@ class RowsMixin(SamplingMixin):
         return slots
 
     def _add_window_row(self, transition: dict[str, Any], env_ids: Any) -> np.ndarray | None:
-        """``add`` of one n-step step that needs no cast and ends nothing, on a buffer in
-        its common state; None: not here (the general path, changing nothing).
+        """``add`` of one n-step step (one env's, or one of every env's) that needs no
+        cast and ends nothing, on a buffer in its common state; None: not here (the
+        general path, changing nothing).
 
-        The general path's rules and order (the completed row stored, then the
-        windows committed) without its numpy batches: one step of a known stream,
-        values :class:`~fastper.storage.DirectRows` matches, a finite reward, no
-        episode end (see :meth:`fastper.nstep.NStepWriter.prepare_row`).
+        The general path's rules and order (the completed rows stored, then the
+        windows committed) without its numpy batches: steps of known streams,
+        values :class:`~fastper.storage.DirectRows` matches, finite rewards, no
+        episode end (see :meth:`fastper.nstep.NStepWriter.prepare_row` and
+        :meth:`~fastper.nstep.NStepWriter.prepare_lockstep`).
         """
         nstep = self._nstep
         assert nstep is not None
@@ -238,17 +240,31 @@ class RowsMixin(SamplingMixin):
         if matcher is None:
             matcher = self._window_matcher = DirectRows(nstep.fields, self._capacity)
         matched = matcher.match(transition)
-        if matched is None or matched[1] != -1:
+        if matched is None:
             return None
-        step = nstep.prepare_row(matched[0], env_ids, self._reward_check is not None)
+        values, k = matched
+        if k == -1:  # one env's step (the most frequent call)
+            step = nstep.prepare_row(values, env_ids, self._reward_check is not None)
+            if step is None:
+                return None
+            if step[0] is None:  # the step waits in its window: nothing stored yet
+                nstep.commit_row(step[1])
+                return np.empty(0, dtype=np.int64)
+            slots = self._store_direct(rows, step[0], -1)
+            nstep.commit_row(step[1])
+            return slots
+        # a vector step
+        if env_ids is not None or self._writer.cursor + k > self._capacity:
+            return None
+        step = nstep.prepare_lockstep(values, k, self._reward_check is not None)
         if step is None:
             return None
         out, apply = step
-        if out is None:  # the step waits in its window: nothing stored yet
-            nstep.commit_row(apply)
+        if out is None:  # the steps wait in their windows: nothing stored yet
+            nstep.commit_lockstep(apply)
             return np.empty(0, dtype=np.int64)
-        slots = self._store_direct(rows, out, -1)
-        nstep.commit_row(apply)
+        slots = self._store_direct(rows, out, k)
+        nstep.commit_lockstep(apply)
         return slots
 
     def _new_run(self, start: int, count: int, priority: float) -> None:

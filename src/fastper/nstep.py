@@ -247,6 +247,15 @@ class NStepWriter:
         self._reward_pos = -1 if self.reward_key is None else pos[self.reward_key]
         rf = None if self.reward_key is None else self.fields[self.reward_key]
         self._reward_type: Any = None if rf is None else rf.dtype.type
+        # the vector-step path (prepare_lockstep): every env at one pending length
+        self._lockstep_ok = (
+            self.n_envs is not None and self.n_envs > 1 and self.n > 1 and self._scalar_reward
+            and rf is not None and rf.dtype.kind == "f" and self.autoreset is None
+            and all(scalar for _, scalar in self._flags)
+        )  # fmt: skip
+        self._no_ends = np.zeros(0, dtype=np.bool_)  # the flags of a field not there
+        self._ret_k = np.empty(0)  # the returns of a vector step
+        self._disc_k = np.empty(0, dtype=np.float32)  # a full window's discount, per env
         self._rows_direct = (
             self._tracks
             and all(scalar for _, scalar in self._flags)
@@ -259,6 +268,7 @@ class NStepWriter:
         }
         # the discount of a full window (of the row itself when n == 1)
         self._disc_full = _frozen(np.array([self.gamma**self.n], dtype=np.float32))
+        self._disc_one = self._disc_full[0]  # as a numpy float32 scalar
         self._env_rows: np.ndarray | None = None  # arange(n_envs), made at the first add
         self._dropped = 0
         self._version = 0
@@ -371,6 +381,7 @@ class NStepWriter:
         self._win3 = {f: a.reshape(self._cap, self._w, *a.shape[1:]) for f, a in self._win.items()}
         self._rwin3 = self._rwin.reshape(self._cap, self._w, self._reward_size)
         self._win_cols = tuple(zip(self._win.values(), self._win_pos, strict=True))
+        self._win3_cols = tuple(zip(self._win3.values(), self._win_pos, strict=True))
         self._rflat = self._rwin.reshape(-1)  # scalar rewards: one per window row
 
     # -- properties -----------------------------------------------------------------
@@ -622,7 +633,7 @@ class NStepWriter:
             if check_reward and not math.isfinite(reward):
                 return None  # the general path names the row
         n, w = self.n, self._w
-        disc = self._disc_full[0]
+        disc = self._disc_one
         if n == 1:  # autoreset only: the row is its own transition
             out = [*values, disc] if self.discount_field else list(values)
             return out, (self._version, r, -1, values, 0.0, clock + 1, False)
@@ -649,7 +660,7 @@ class NStepWriter:
         version, r, at, values, reward, clock, longer = apply
         if version != self._version:
             raise RuntimeError("this n-step plan is stale: prepare() it again")
-        self._version += 1
+        self._version = version + 1
         if at >= 0:
             for col, p in self._win_cols:
                 col[at] = values[p]
@@ -658,6 +669,73 @@ class NStepWriter:
             self._advance(r, clock, int(self._meta[r, _nk.LENGTH]) + 1)
         else:
             self._meta[r, _nk.CLOCK] = clock
+
+    def prepare_lockstep(
+        self, values: list[Any], k: int, check_reward: bool
+    ) -> tuple[list[Any] | None, tuple[Any, ...]] | None:
+        """:meth:`prepare` for a vector step (``n_envs`` rows) in the steady state, as
+        :meth:`prepare_row` for one row; ``None``: take :meth:`prepare`.
+
+        The steady state: every env known and at one pending length (no episode
+        ended out of step with the others), no episode end in this step, no
+        autoreset, a scalar reward. Then every env completes its window at once
+        (or none does), and each step is a few numpy operations over the envs:
+        the completed transitions' first steps are one slice of the windows,
+        their returns summed in the kernel's order (the same bits). ``values``:
+        the step as :class:`~fastper.storage.DirectRows` matched it (``k`` rows
+        of each field, storable with no cast); ``check_reward`` as in
+        :meth:`prepare_row`. Pure. O(k n).
+        """
+        if not self._lockstep_ok or k != self.n_envs or self._n_rows != k:
+            return None
+        if self._no_ends.shape[0] != k:
+            self._no_ends = np.zeros(k, dtype=np.bool_)
+        flags = [values[p] for p in self._flag_pos] + [self._no_ends] * (2 - len(self._flag_pos))
+        rb = values[self._reward_pos]
+        ret = self._ret_k
+        if ret.shape[0] != k:
+            ret = self._ret_k = np.empty(k)
+        n, w, meta = self.n, self._w, self._meta
+        code = _nk.lockstep(
+            meta, k, n, w, flags[0], flags[1], rb, self._rwin, self._gpow, check_reward, ret
+        )
+        if code < 0:
+            return None
+        clock = int(meta[0, _nk.CLOCK])  # every env's: one step each per add
+        at = clock % w  # where this step waits: the oldest step's place when full
+        if code == 0:
+            length = int(meta[0, _nk.LENGTH]) + 1
+            return None, (self._version, at, values, rb, clock + 1, length)
+        out = values.copy()
+        for col3, p in self._win3_cols:
+            out[p] = col3[:k, at]
+        out[self._reward_pos] = ret.copy()
+        disc = self._disc_k
+        if disc.shape[0] != k:
+            disc = self._disc_k = _frozen(np.full(k, self._disc_full[0]))
+        out.append(disc)
+        return out, (self._version, at, values, rb, clock + 1, w)
+
+    def commit_lockstep(self, apply: tuple[Any, ...]) -> None:
+        """Apply what :meth:`prepare_lockstep` returned. O(k fields).
+
+        Raises:
+            RuntimeError: it is stale (see :meth:`commit`).
+        """
+        version, at, values, rb, clock, length = apply
+        if version != self._version:
+            raise RuntimeError("this n-step plan is stale: prepare() it again")
+        self._version += 1
+        k = self._n_rows
+        for col3, p in self._win3_cols:
+            col3[:k, at] = values[p]
+        self._rwin3[:k, at, 0] = rb
+        meta = self._meta
+        meta[:k, _nk.CLOCK] = clock
+        if length != meta[0, _nk.LENGTH]:
+            meta[:k, _nk.LENGTH] = length
+            self._n_pending += k
+            self._max_len = max(self._max_len, length)
 
     def _advance(self, r: int, clock: int, length: int) -> None:
         """Stream ``r`` after one row: its clock and pending count."""

@@ -243,6 +243,7 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
     fast = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
     slow = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
     slow._window_batch = lambda t: coerce_batch(slow._nstep.fields, t, None)  # type: ignore[method-assign]
+    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
     rng = np.random.default_rng(4)
     for t in range(120):
         ends = rng.random(2) < 0.15
@@ -334,6 +335,78 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
             fast.load_state_dict(fast.state_dict())
     _same_state(fast.state_dict(), slow.state_dict(), "end")
     assert took[0] > 150, "the row path must be taken"
+
+
+def _same_bits(a: dict, b: dict, where: str) -> None:
+    """As _same_state, float arrays compared bit for bit (-0.0 is not 0.0)."""
+    assert a.keys() == b.keys(), where
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            _same_bits(x, y, f"{where}/{k}")
+        elif isinstance(x, np.ndarray) and x.dtype.kind == "f":
+            assert x.dtype == y.dtype and x.shape == y.shape, f"{where}/{k}"
+            np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8), err_msg=f"{where}/{k}")
+        else:
+            _same_state(x, y, f"{where}/{k}")
+
+
+@pytest.mark.parametrize(
+    ("n", "n_envs", "reward_dtype", "flags"),
+    [(3, 4, np.float32, ("terminated", "truncated")), (2, 2, np.float64, ("terminated",)),
+     (40, 3, np.float32, ("terminated", "truncated")), (5, 8, np.float32, ("done",))],
+)  # fmt: skip
+def test_vector_n_step_steps_leave_the_buffer_the_general_path_leaves(
+    n: int, n_envs: int, reward_dtype: Any, flags: tuple[str, ...]
+) -> None:
+    """Vector steps in lockstep (the compiled steady-state plan) and out of it
+    (episode ends in some envs, non-finite rewards refused, a ring that wraps and
+    grows): the buffer, bit for bit, is the one the general path leaves; returns
+    of signed zeros included."""
+    fields: dict[str, Any] = {"obs": ((2,), np.float32), "action": ((), np.int64),
+                              "reward": ((), reward_dtype), "next_obs": ((2,), np.float32)}  # fmt: skip
+    fields.update({f: ((), np.bool_) for f in flags})
+    kw: dict[str, Any] = {"n_step": n, "gamma": 0.9, "n_envs": n_envs, "seed": 2}
+    if "truncated" not in flags:
+        kw["nstep_keys"] = {"truncated": None}
+    fast, slow = PrioritizedReplayBuffer(61, fields, **kw), PrioritizedReplayBuffer(61, fields, **kw)
+    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    took = [0]
+    lockstep = fast._nstep.prepare_lockstep
+
+    def counted(*args: Any) -> Any:
+        out = lockstep(*args)
+        took[0] += out is not None
+        return out
+
+    fast._nstep.prepare_lockstep = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(n + n_envs)
+    for t in range(400):
+        end_p = 0.0 if (t // 50) % 2 == 0 else 0.1  # long runs in lockstep, then ends
+        rew = rng.choice([0.0, -0.0, 1.5, -2.25], size=n_envs).astype(reward_dtype)
+        if rng.random() < 0.02:
+            rew[int(rng.integers(0, n_envs))] = np.inf
+        row = {"obs": rng.standard_normal((n_envs, 2)).astype(np.float32),
+               "action": rng.integers(0, 3, n_envs).astype(np.int32),
+               "reward": rew, "next_obs": rng.standard_normal((n_envs, 2)).astype(np.float32)}  # fmt: skip
+        for f in flags:
+            row[f] = rng.random(n_envs) < end_p
+        if not np.isfinite(rew).all():
+            for buf in (fast, slow):
+                with pytest.raises(ValueError, match="finite"):
+                    buf.add(row)
+            continue
+        np.testing.assert_array_equal(fast.add(row), slow.add(row))
+        if t % 40 == 39:
+            a, b = fast.sample(5), slow.sample(5)
+            np.testing.assert_array_equal(a.indices, b.indices)
+            fast.update_priorities(a.indices, np.arange(5.0), keys=a.keys)
+            slow.update_priorities(b.indices, np.arange(5.0), keys=b.keys)
+            _same_bits(fast.state_dict(), slow.state_dict(), f"step {t}")
+        if t == 200:  # the windows' views are rebuilt by a load
+            fast.load_state_dict(fast.state_dict())
+    _same_bits(fast.state_dict(), slow.state_dict(), "end")
+    assert took[0] > 40, "the lockstep plan must be taken"
 
 
 def test_huge_finite_rewards_are_stored_without_a_warning() -> None:

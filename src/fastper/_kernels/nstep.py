@@ -212,3 +212,35 @@ def plan_batch(
     if touched_range:
         flags |= TOUCHED_IS_RANGE
     return m, n_u, n_store, dropped, delta, longest, flags
+
+
+@njit(cache=True, nogil=True)
+def lockstep(meta, k, n, w, term, trunc, rb, rwin, gpow, check, out):  # pragma: no cover - compiled
+    """Plan a vector step of ``k`` envs (stream row i = env i) in the steady state.
+
+    The steady state: every env at one pending length, no autoreset skip, no
+    episode end in the step (``term``, ``trunc``: (k,) flags, any nonzero
+    entry an end), and, with ``check``, every reward ``rb[i]`` finite. Then
+    either no window completes (returns 0: the length grows by one, within
+    the ring of ``w`` rows) or every env's does (returns 1, with the returns
+    in ``out``, summed as :func:`plan_batch` sums them: the same bits).
+    Returns -1 for anything else (the caller takes :func:`plan_batch`).
+    ``rwin``: (S * w, 1) float64 pending rewards; ``gpow`` as in
+    :func:`plan_batch`. Reads only. O(k n).
+    """
+    length = meta[0, LENGTH]
+    for i in range(k):
+        if meta[i, LENGTH] != length or meta[i, SKIP] != 0 or term[i] != 0 or trunc[i] != 0:
+            return -1
+        if check and not np.isfinite(rb[i]):
+            return -1
+    if length + 1 < n:
+        return 0 if length + 1 <= w else -1
+    at = meta[0, CLOCK] % w  # the oldest pending step's ring row (the window is full)
+    for i in range(k):
+        acc = 0.0
+        for j in range(w):
+            acc += gpow[j] * rwin[i * w + (at + j) % w, 0]
+        acc += gpow[w] * rb[i]
+        out[i] = acc
+    return 1
