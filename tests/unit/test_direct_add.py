@@ -234,6 +234,16 @@ def test_the_sb3_drop_in_stores_an_env_step_without_the_general_path() -> None:
         np.testing.assert_array_equal(buf.observations[0], obs)
 
 
+def _draw_and_update_alike(fast: Any, slow: Any, b: int) -> None:
+    """One draw of ``b`` from each buffer (the same slots and rows), then the same update."""
+    x, y = fast.sample(b), slow.sample(b)
+    np.testing.assert_array_equal(x.indices, y.indices)
+    _same_state(x.data, y.data)
+    td = np.arange(float(b))
+    fast.update_priorities(x.indices, td, keys=x.keys)
+    slow.update_priorities(y.indices, td, keys=y.keys)
+
+
 def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
     from fastper.storage import coerce_batch
 
@@ -254,11 +264,7 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
                "terminated": ends, "truncated": np.zeros(2, bool)}  # fmt: skip
         np.testing.assert_array_equal(fast.add(row), slow.add(row))
         if t % 10 == 9:
-            a, b = fast.sample(6), slow.sample(6)
-            np.testing.assert_array_equal(a.indices, b.indices)
-            _same_state(a.data, b.data)
-            fast.update_priorities(a.indices, np.arange(6.0), keys=a.keys)
-            slow.update_priorities(b.indices, np.arange(6.0), keys=b.keys)
+            _draw_and_update_alike(fast, slow, 6)
     _same_state(fast.state_dict(), slow.state_dict())
     # one stream of Python numbers, one transition at a time
     one_fast = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
@@ -325,11 +331,7 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
         else:
             np.testing.assert_array_equal(fast.add(row, env_ids=env_ids), slow.add(row, env_ids=env_ids))
         if t % 50 == 49:
-            a, b = fast.sample(5), slow.sample(5)
-            np.testing.assert_array_equal(a.indices, b.indices)
-            _same_state(a.data, b.data)
-            fast.update_priorities(a.indices, np.arange(5.0), keys=a.keys)
-            slow.update_priorities(b.indices, np.arange(5.0), keys=b.keys)
+            _draw_and_update_alike(fast, slow, 5)
             _same_state(fast.state_dict(), slow.state_dict(), f"step {t}")
         if t == 300:  # the row path reads its windows through views: rebuilt by a load
             fast.load_state_dict(fast.state_dict())
@@ -398,10 +400,7 @@ def test_vector_n_step_steps_leave_the_buffer_the_general_path_leaves(
             continue
         np.testing.assert_array_equal(fast.add(row), slow.add(row))
         if t % 40 == 39:
-            a, b = fast.sample(5), slow.sample(5)
-            np.testing.assert_array_equal(a.indices, b.indices)
-            fast.update_priorities(a.indices, np.arange(5.0), keys=a.keys)
-            slow.update_priorities(b.indices, np.arange(5.0), keys=b.keys)
+            _draw_and_update_alike(fast, slow, 5)
             _same_bits(fast.state_dict(), slow.state_dict(), f"step {t}")
         if t == 200:  # the windows' views are rebuilt by a load
             fast.load_state_dict(fast.state_dict())
