@@ -14,7 +14,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._kernels import ring as _ring
 from .errors import InvalidIndexError
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 _MAX_SHOW = 8
 
@@ -213,11 +216,16 @@ def rewards_finite(values: np.ndarray) -> bool:
 
     O(1) for one value (no numpy call), O(B) for a batch.
     """
-    if values.dtype.kind != "f":
+    dtype = values.dtype
+    if dtype.kind != "f":
         return True
     if values.size == 1:
         return math.isfinite(values.item())
-    flat = values.reshape(-1)
+    flat = values.ravel()
+    if (dtype == _F32 or dtype == _F64) and flat.flags.writeable:
+        # one compiled pass (for the two types the kernel cache holds; a read-only
+        # array would be a third to compile)
+        return bool(_ring.all_finite(flat))
     # a sum of squares is finite only if every value is (no inf - inf can cancel):
     # one BLAS call; an overflow (|r| > 1e19 in float32) falls to the exact test
     with np.errstate(over="ignore", invalid="ignore"):

@@ -170,15 +170,6 @@ class RowsMixin(SamplingMixin):
             return None
         return rows
 
-    def _reward_ok(self, transition: dict[str, Any]) -> bool:
-        """Is the row's reward finite (or unchecked)? A matched value: a Python or numpy
-        number, or an array of the field's shape."""
-        reward = self._reward_check
-        if reward is None:
-            return True
-        r = transition[reward]
-        return math.isfinite(r) if type(r) is float else _finite(r)
-
     def _add_direct(self, transition: dict[str, Any]) -> np.ndarray | None:
         """``add`` of rows that need no cast, on a buffer in its common state; None: not here.
 
@@ -189,8 +180,9 @@ class RowsMixin(SamplingMixin):
         in progress, invalid slots, a batch that wraps, any value the general
         path would cast or refuse) returns None before changing anything.
         """
-        rows = self._rows_now()
-        if rows is None:
+        cached = self._direct  # (_rows_now, without its call: the most frequent add)
+        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+        if rows is None or self._guards or self._validity.n_invalid:
             return None
         matched = rows.match(transition)
         if matched is None:
@@ -201,8 +193,11 @@ class RowsMixin(SamplingMixin):
         n = 1 if k == -1 else k
         if start + n > self._capacity:
             return None
-        if not self._reward_ok(transition):
-            return None  # the general path names the row
+        reward = self._reward_check
+        if reward is not None:
+            r = transition[reward]
+            if not (math.isfinite(r) if type(r) is float else _finite(r)):
+                return None  # the general path names the row
         return self._store_direct(rows, values, k)
 
     def _store_direct(self, rows: DirectRows, values: list[Any], k: int) -> np.ndarray:

@@ -254,7 +254,8 @@ class NStepWriter:
             and all(scalar for _, scalar in self._flags)
         )  # fmt: skip
         self._no_ends = np.zeros(0, dtype=np.bool_)  # the flags of a field not there
-        self._ret_k = np.empty(0)  # the returns of a vector step
+        # the end flags' input positions, two of them (-1: no such field)
+        self._end_pos = (*self._flag_pos, -1, -1)[:2]
         self._disc_k = np.empty(0, dtype=np.float32)  # a full window's discount, per env
         self._rows_direct = (
             self._tracks
@@ -688,28 +689,26 @@ class NStepWriter:
         """
         if not self._lockstep_ok or k != self.n_envs or self._n_rows != k:
             return None
-        if self._no_ends.shape[0] != k:
-            self._no_ends = np.zeros(k, dtype=np.bool_)
-        flags = [values[p] for p in self._flag_pos] + [self._no_ends] * (2 - len(self._flag_pos))
+        no_ends = self._no_ends
+        if no_ends.shape[0] != k:
+            no_ends = self._no_ends = np.zeros(k, dtype=np.bool_)
+        p0, p1 = self._end_pos
         rb = values[self._reward_pos]
-        ret = self._ret_k
-        if ret.shape[0] != k:
-            ret = self._ret_k = np.empty(k)
-        n, w, meta = self.n, self._w, self._meta
-        code = _nk.lockstep(
-            meta, k, n, w, flags[0], flags[1], rb, self._rwin, self._gpow, check_reward, ret
-        )
+        ret = np.empty(k)
+        w = self._w
+        code, clock, length = _nk.lockstep(
+            self._meta, k, self.n, w, no_ends if p0 < 0 else values[p0],
+            no_ends if p1 < 0 else values[p1], rb, self._rwin, self._gpow, check_reward, ret,
+        )  # fmt: skip
         if code < 0:
             return None
-        clock = int(meta[0, _nk.CLOCK])  # every env's: one step each per add
         at = clock % w  # where this step waits: the oldest step's place when full
         if code == 0:
-            length = int(meta[0, _nk.LENGTH]) + 1
-            return None, (self._version, at, values, rb, clock + 1, length)
+            return None, (self._version, at, values, rb, clock + 1, length + 1)
         out = values.copy()
         for col3, p in self._win3_cols:
             out[p] = col3[:k, at]
-        out[self._reward_pos] = ret.copy()
+        out[self._reward_pos] = ret
         disc = self._disc_k
         if disc.shape[0] != k:
             disc = self._disc_k = _frozen(np.full(k, self._disc_full[0]))

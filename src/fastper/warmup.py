@@ -129,6 +129,15 @@ def _buffers(rng: np.random.Generator) -> None:
     min_tree = MinTree(N)
     min_tree.set(np.arange(8), np.linspace(0.5, 1.0, 8))
     min_tree.rebuild()
+    _checks()
+
+
+def _checks() -> None:
+    """The reward checks of batch adds, for both float widths."""
+    from ._validation import rewards_finite
+
+    for dtype in (np.float32, np.float64):
+        rewards_finite(np.zeros(4, dtype))
 
 
 def _nstep_and_frames(rng: np.random.Generator) -> None:
@@ -141,6 +150,9 @@ def _nstep_and_frames(rng: np.random.Generator) -> None:
         buf = cls(N, fields, n_step=3, gamma=0.99, n_envs=2, seed=0)
         for t in range(12):
             buf.add({**_batch(rng, 2), "truncated": np.array([False, t % 6 == 5])})
+        for _ in range(4):  # vector steps with no episode end: the steady-state plan
+            calm = {**_batch(rng, 2), "terminated": np.zeros(2, bool)}
+            buf.add({**calm, "truncated": np.zeros(2, bool)})
         buf.sample(8)
         frames = {
             "obs": ((8, 8), np.uint8),

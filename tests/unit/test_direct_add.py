@@ -423,3 +423,33 @@ def test_huge_finite_rewards_are_stored_without_a_warning() -> None:
     with pytest.raises(ValueError, match="finite"):
         buf.add(row | {"reward": np.array([3e38, np.inf], np.float32)})
     _same_state(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ">f8"])
+@pytest.mark.parametrize("layout", ["flat", "2-d", "strided", "read-only"])
+def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str) -> None:
+    """The finite-reward test of a batch (a compiled pass for float32 / float64, numpy
+    otherwise): every NaN or inf at every position is found, in every layout; huge
+    finite values pass (no overflow of a sum of squares)."""
+    from fastper._validation import rewards_finite
+
+    big = float(np.finfo(np.dtype(dtype)).max)
+
+    def shaped(x: np.ndarray) -> np.ndarray:
+        if layout == "2-d":
+            return x.reshape(2, 3)
+        if layout == "strided":
+            wide = np.zeros(12, dtype=x.dtype)
+            wide[::2] = x
+            return wide[::2]
+        if layout == "read-only":
+            x.flags.writeable = False
+        return x
+
+    base = np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype)
+    assert rewards_finite(shaped(base.copy()))
+    for bad in (np.nan, np.inf, -np.inf):
+        for i in range(base.shape[0]):
+            x = base.copy()
+            x[i] = bad
+            assert not rewards_finite(shaped(x)), (bad, i)

@@ -224,23 +224,25 @@ def lockstep(meta, k, n, w, term, trunc, rb, rwin, gpow, check, out):  # pragma:
     either no window completes (returns 0: the length grows by one, within
     the ring of ``w`` rows) or every env's does (returns 1, with the returns
     in ``out``, summed as :func:`plan_batch` sums them: the same bits).
-    Returns -1 for anything else (the caller takes :func:`plan_batch`).
+    Returns -1 for anything else (the caller takes :func:`plan_batch`), with
+    the envs' clock and pending length: ``(code, clock, length)``.
     ``rwin``: (S * w, 1) float64 pending rewards; ``gpow`` as in
     :func:`plan_batch`. Reads only. O(k n).
     """
     length = meta[0, LENGTH]
+    clock = meta[0, CLOCK]  # every env's: one step each per add
     for i in range(k):
         if meta[i, LENGTH] != length or meta[i, SKIP] != 0 or term[i] != 0 or trunc[i] != 0:
-            return -1
+            return -1, clock, length
         if check and not np.isfinite(rb[i]):
-            return -1
+            return -1, clock, length
     if length + 1 < n:
-        return 0 if length + 1 <= w else -1
-    at = meta[0, CLOCK] % w  # the oldest pending step's ring row (the window is full)
+        return (0 if length + 1 <= w else -1), clock, length
+    at = clock % w  # the oldest pending step's ring row (the window is full)
     for i in range(k):
         acc = 0.0
         for j in range(w):
             acc += gpow[j] * rwin[i * w + (at + j) % w, 0]
         acc += gpow[w] * rb[i]
         out[i] = acc
-    return 1
+    return 1, clock, length
