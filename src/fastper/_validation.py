@@ -219,8 +219,12 @@ def rewards_finite(values: np.ndarray) -> bool:
     dtype = values.dtype
     if dtype.kind != "f":
         return True
-    if values.size == 1:
-        return math.isfinite(values.item())
+    size = values.size
+    if dtype.itemsize <= 8:  # (a longdouble is no Python float: it takes numpy below)
+        if size == 1:
+            return math.isfinite(values.item())
+        if size <= 8:  # a vector env's step: Python floats beat a compiled call's dispatch
+            return all(map(math.isfinite, values.ravel().tolist()))
     flat = values.ravel()
     if (dtype == _F32 or dtype == _F64) and flat.flags.writeable:
         # one compiled pass (for the two types the kernel cache holds; a read-only

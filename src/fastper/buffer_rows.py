@@ -210,6 +210,17 @@ class RowsMixin(SamplingMixin):
         rows.write(start, values, k)
         w.advance(n)
         slots = np.arange(start, start + n, dtype=np.int64)
+        run = self._run_count
+        if (
+            run
+            and self._run_start + run == start
+            and priority == self._run_priority
+            and run < RUN_LIMIT
+            and self._current_max is None
+            and self._frames is None
+        ):  # _new_run's most frequent case, without its call (see there)
+            self._run_count = run + n
+            return slots
         self._new_run(start, n, priority)
         if self._current_max is not None:
             self._current_max.fix(slots)
@@ -269,6 +280,8 @@ class RowsMixin(SamplingMixin):
         next write that does not extend the run, so many single adds cost one
         write of a run. Written at once where something reads the priorities
         before that (the "current" max-priority policy, frame invalidation).
+        The case of a run extended is also read inline by :meth:`_store_direct`
+        (the most frequent add): a change here is a change there.
         """
         run = self._run_count
         if self._current_max is not None or self._frames is not None:

@@ -14,11 +14,13 @@ the rows untouched.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -368,9 +370,24 @@ class DirectRows:
     then takes the general path, which checks everything and names the
     problem. So a value stored here is bit for bit the one the general path
     stores, and no check is skipped. O(fields) with no numpy call.
+
+    :meth:`match` and :meth:`write` run on every single add, so both are
+    specialised to the fields once, when the object is made: their checks are
+    written out field by field (:func:`_match_source`, :func:`_write_source`)
+    with each field's shape, dtype and range bound as constants, with no loop
+    over the fields and no per-field tuple to unpack.
     """
 
-    __slots__ = ("columns", "columns_by_one", "count", "entries", "capacity")
+    __slots__ = ("columns", "columns_by_one", "count", "entries", "capacity", "match", "write")
+
+    #: ``match(transition)``: the values in field order and the row count, or
+    #: ``None`` (take the general path). A value of the field's shape is one
+    #: transition (count -1: written as given), one with a leading dimension a
+    #: batch of that many, as in :func:`coerce_batch`; all fields must agree.
+    match: Callable[[dict[str, Any]], tuple[list[Any], int] | None]
+    #: ``write(start, values, k)``: store matched values from slot ``start``
+    #: (``k`` from :meth:`match`; no wrap). O(k).
+    write: Callable[[int, list[Any], int], None]
 
     def __init__(
         self,
@@ -397,59 +414,22 @@ class DirectRows:
             exact = frozenset(d for d in _NUMERIC if np.can_cast(d, dt, casting="safe"))
             entries.append((name, f.shape, (1, *f.shape), exact, dt.type, kind, lo, hi, dt))
         self.entries = tuple(entries)
+        facts: dict[str, Any] = {
+            "ndarray": np.ndarray, "cap": capacity, "EXACT_INT": _EXACT_INT,
+            "INFS": (math.inf, -math.inf),
+        }  # fmt: skip
+        for i, (name, shape, one, exact, scalar, _, lo, hi, dtype) in enumerate(self.entries):
+            facts.update({f"NAME{i}": name, f"SHAPE{i}": shape, f"ONE{i}": one, f"EXACT{i}": exact,
+                          f"SCALAR{i}": scalar, f"LO{i}": lo, f"HI{i}": hi, f"DTYPE{i}": dtype})  # fmt: skip
+        columns_by_name: dict[str, Any] = {}
+        for i, (col, by_one) in enumerate(zip(self.columns, self.columns_by_one, strict=True)):
+            columns_by_name[f"COL{i}"], columns_by_name[f"BY_ONE{i}"] = col, by_one
+        self.match = _specialise("match", _match_source(self.entries), facts)
+        self.write = _specialise("write", _write_source(len(self.columns)), columns_by_name)
 
-    def match(self, transition: dict[str, Any]) -> tuple[list[Any], int] | None:
-        """The values in field order and the row count, or ``None`` (take the general path).
-
-        A value of the field's shape is one transition (count -1: written as
-        given), one with a leading dimension a batch of that many, as in
-        :func:`coerce_batch`; all fields must agree.
-        """
-        if len(transition) != self.count:
-            return None
-        values: list[Any] = []
-        rows = 0  # 0: not known yet; -1: one transition; k: a batch of k
-        ndarray = np.ndarray
-        for name, shape, one, exact, scalar, kind, lo, hi, dtype in self.entries:
-            v = transition.get(name, transition)  # the mapping itself: missing
-            t = type(v)
-            if t is ndarray:
-                vd = v.dtype
-                if vd is not dtype and vd not in exact:
-                    return None
-                s = v.shape
-                if s == shape:
-                    r = -1
-                elif s == one:
-                    r = 1
-                elif len(s) == len(shape) + 1 and s[1:] == shape and 0 < s[0] <= self.capacity:
-                    r = s[0]
-                else:
-                    return None
-            elif shape:
-                return None
-            elif t is float:
-                # NaN passes (stored as given); a finite value must not overflow the column
-                if kind != _FLOAT or not (lo <= v <= hi or v != v or v in (math.inf, -math.inf)):
-                    return None
-                r = -1
-            elif t is int:
-                if kind == _FLOAT:
-                    if dtype.itemsize == 2 or not -_EXACT_INT <= v <= _EXACT_INT:
-                        return None
-                elif not lo <= v <= hi:
-                    return None
-                r = -1
-            elif t is bool or t is scalar:
-                r = -1
-            else:
-                return None
-            if r != rows:
-                if rows:
-                    return None
-                rows = r
-            values.append(v)
-        return values, rows
+    def __reduce__(self) -> Any:
+        # its functions write into the columns they were made for: a copy would too
+        raise TypeError("a DirectRows is made from its storage (Storage.direct_rows), not copied")
 
     def as_batch(self, values: list[Any], k: int) -> dict[str, np.ndarray]:
         """Matched values as arrays with a leading dimension, in the fields' dtypes. O(k).
@@ -467,17 +447,123 @@ class DirectRows:
                 out[name] = np.array((v,), dtype=dtype)
         return out
 
-    def write(self, start: int, values: list[Any], k: int) -> None:
-        """Store matched values from slot ``start`` (``k`` from :meth:`match`; no wrap). O(k)."""
-        if k == -1:
-            for col, v in zip(self.columns, values, strict=True):
-                col[start] = v
-        elif k == 1:  # a batch of one row (a single env's step): an index beats a slice
-            for col, v in zip(self.columns_by_one, values, strict=True):
-                col[start] = v
+
+def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
+    """The source of :attr:`DirectRows.match` for these fields (see there).
+
+    Field ``i``'s checks, in order: its value (the mapping itself when
+    missing); an array must have an exact dtype (``DTYPEi`` or one in
+    ``EXACTi``) and the field's shape (one transition, count -1), that shape
+    with a leading 1 (count 1) or a leading batch of at most ``cap``; a
+    scalar field also takes a Python float (float columns: in range, NaN and
+    inf pass), a Python int (float columns: exact in a double, not float16;
+    int columns: in range), a bool or a numpy scalar of its own dtype. Every
+    field's count must be the first field's.
+    """
+    lines = [
+        "def match(transition):",
+        f"    if len(transition) != {len(entries)}:",
+        "        return None",
+        "    get = transition.get",
+    ]
+    for i, (_, shape, _, _, _, kind, _, _, dtype) in enumerate(entries):
+        v = f"v{i}"
+        lines += [
+            f"    {v} = get(NAME{i}, transition)",
+            f"    t = type({v})",
+            "    if t is ndarray:",
+            f"        d = {v}.dtype",
+            f"        if d is not DTYPE{i} and d not in EXACT{i}:",
+            "            return None",
+            f"        s = {v}.shape",
+            f"        if s == SHAPE{i}:",
+            "            r = -1",
+            f"        elif s == ONE{i}:",
+            "            r = 1",
+            (
+                f"        elif len(s) == {len(shape) + 1} and s[1:] == SHAPE{i} and 0 < s[0] <= cap:"
+                if shape
+                else "        elif len(s) == 1 and 0 < s[0] <= cap:"  # (a scalar field's batch)
+            ),
+            "            r = s[0]",
+            "        else:",
+            "            return None",
+        ]
+        if shape:
+            lines += ["    else:", "        return None"]
         else:
-            for col, v in zip(self.columns, values, strict=True):
-                col[start : start + k] = v
+            if kind == _FLOAT:
+                lines += [
+                    "    elif t is float:",
+                    f"        if not (LO{i} <= {v} <= HI{i} or {v} != {v} or {v} in INFS):",
+                    "            return None",
+                    "        r = -1",
+                    "    elif t is int:",
+                ]
+                if dtype.itemsize == 2:
+                    lines += ["        return None"]
+                else:
+                    lines += [
+                        f"        if not -EXACT_INT <= {v} <= EXACT_INT:",
+                        "            return None",
+                        "        r = -1",
+                    ]
+            else:
+                lines += [
+                    "    elif t is float:",
+                    "        return None",
+                    "    elif t is int:",
+                    f"        if not LO{i} <= {v} <= HI{i}:",
+                    "            return None",
+                    "        r = -1",
+                ]
+            lines += [
+                f"    elif t is bool or t is SCALAR{i}:",
+                "        r = -1",
+                "    else:",
+                "        return None",
+            ]
+        if i == 0:
+            lines.append("    rows = r")
+        else:
+            lines += ["    if r != rows:", "        return None"]
+    values = ", ".join(f"v{i}" for i in range(len(entries)))
+    lines.append(f"    return [{values}], rows")
+    return "\n".join(lines) + "\n"
+
+
+def _write_source(count: int) -> str:
+    """The source of :attr:`DirectRows.write` for ``count`` columns (see there)."""
+    names = ", ".join(f"v{i}" for i in range(count))
+    lines = ["def write(start, values, k):"]
+    if count == 0:
+        lines.append("    raise TypeError('a matcher only: no columns to write')")
+        return "\n".join(lines) + "\n"
+    lines.append(f"    {names}, = values")
+    lines.append("    if k == -1:")
+    lines += [f"        COL{i}[start] = v{i}" for i in range(count)]
+    lines.append("    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice")
+    lines += [f"        BY_ONE{i}[start] = v{i}" for i in range(count)]
+    lines.append("    else:")
+    lines.append("        end = start + k")
+    lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(name: str, source: str) -> CodeType:
+    """``source`` compiled (buffers of one layout share the code, not the columns)."""
+    return compile(source, f"<fastper.storage.DirectRows.{name}>", "exec")
+
+
+def _specialise(name: str, source: str, constants: dict[str, Any]) -> Any:
+    """The function ``name`` defined by ``source`` (made by this module, from the
+    fields' facts only), reading ``constants`` as its globals."""
+    namespace = dict(constants)
+    exec(_compiled(name, source), namespace)  # noqa: S102
+    # (popped: the namespace is the function's globals, so keeping the function in
+    # it would be a reference cycle, and the columns would wait for the cycle GC)
+    return namespace.pop(name)
 
 
 class Storage:

@@ -278,6 +278,77 @@ def test_bad_add_raises_and_changes_nothing() -> None:
     assert (buf.pos, len(buf.fastper_buffer)) == (1, 2)
 
 
+def _same(a, b, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, where
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+@pytest.mark.parametrize("n_steps", [1, 3])
+@pytest.mark.parametrize("timeouts", [True, False])
+def test_the_common_add_stores_and_refuses_what_the_general_add_does(
+    n_envs: int, n_steps: int, timeouts: bool
+) -> None:
+    """Arrays of exactly SB3's shapes with bool dones take a shorter way into the
+    buffer (one env: a transition of Python values); the buffer it leaves, and the
+    calls it refuses, are those of the general way."""
+    kw = {"device": "cpu", "n_envs": n_envs, "n_steps": n_steps, "seed": 0,
+          "handle_timeout_termination": timeouts}  # fmt: skip
+    obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
+    fast = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
+    slow = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
+    slow._plain_rows = None  # every add takes the general way
+    rng = np.random.default_rng(3)
+    for step in range(60):
+        obs = rng.standard_normal((n_envs, 3)).astype(np.float32)
+        nxt = rng.standard_normal((n_envs, 3)).astype(np.float32)
+        action = rng.integers(0, 3, (n_envs, 1))
+        # float64 rewards are cast to the float32 column, as SB3's buffer does
+        reward = rng.standard_normal(n_envs).astype(np.float32 if step % 2 else np.float64)
+        done = rng.random(n_envs) < 0.3
+        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
+        fast.add(obs, nxt, action, reward, done, infos)
+        slow.add(obs, nxt, action, reward, done, infos)
+        if step % 7 == 6:
+            a, b = fast.sample(8), slow.sample(8)
+            for name in SB3_FIELDS:
+                th.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+            td = rng.standard_normal(8)
+            fast.update_priorities(a.indices, td, keys=a.keys)
+            slow.update_priorities(b.indices, td, keys=b.keys)
+    _same(fast.fastper_buffer.state_dict(), slow.fastper_buffer.state_dict())
+    assert (fast.pos, fast.full) == (slow.pos, slow.full)
+
+    obs = np.zeros((n_envs, 3), np.float32)
+    act = np.zeros((n_envs, 1), np.int64)
+    rew, done, infos = np.zeros(n_envs, np.float32), np.zeros(n_envs, bool), [{}] * n_envs
+    bad = [
+        ((obs, obs, act, np.full(n_envs, np.nan, np.float32), done, infos), ValueError),
+        ((obs, obs, act, np.full(n_envs, 1e40), done, infos), fastper.FieldTypeError),
+        ((obs, obs, np.full((n_envs, 1), 0.5), rew, done, infos), fastper.FieldTypeError),
+        ((obs.astype(np.float64) + 1e300, obs, act, rew, done, infos), fastper.FieldTypeError),
+        ((obs, obs, act, np.full(n_envs, 0.5, object), done, infos), fastper.FieldTypeError),
+        ((obs, obs, act, np.full(n_envs, 5, "m8[ns]"), done, infos), fastper.FieldTypeError),
+    ]
+    before = fast.fastper_buffer.state_dict()
+    for args, error in bad:
+        for buf in (fast, slow):
+            with pytest.raises(error):
+                buf.add(*args)
+    _same(fast.fastper_buffer.state_dict(), before)
+    if not timeouts:  # infos are not read then: any object passes, as SB3's buffer allows
+        for buf in (fast, slow):
+            buf.add(obs, obs, act, rew, done, None)
+        _same(fast.fastper_buffer.state_dict(), slow.fastper_buffer.state_dict())
+
+
 def test_sampling_an_empty_buffer() -> None:
     buf = PrioritizedReplayBuffer(8, OBS_SPACES["box"], ACTION_SPACES["box"])
     with pytest.raises(fastper.EmptyBufferError):

@@ -427,29 +427,136 @@ def test_huge_finite_rewards_are_stored_without_a_warning() -> None:
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ">f8"])
 @pytest.mark.parametrize("layout", ["flat", "2-d", "strided", "read-only"])
-def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str) -> None:
-    """The finite-reward test of a batch (a compiled pass for float32 / float64, numpy
-    otherwise): every NaN or inf at every position is found, in every layout; huge
-    finite values pass (no overflow of a sum of squares)."""
+@pytest.mark.parametrize("copies", [1, 5])
+def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str, copies: int) -> None:
+    """The finite-reward test of a batch (Python floats for a few values, a compiled
+    pass for more float32 / float64, numpy otherwise): every NaN or inf at every
+    position is found, in every layout; huge finite values pass (no overflow of a
+    sum of squares)."""
     from fastper._validation import rewards_finite
 
     big = float(np.finfo(np.dtype(dtype)).max)
 
     def shaped(x: np.ndarray) -> np.ndarray:
         if layout == "2-d":
-            return x.reshape(2, 3)
+            return x.reshape(2, -1)
         if layout == "strided":
-            wide = np.zeros(12, dtype=x.dtype)
+            wide = np.zeros(2 * x.shape[0], dtype=x.dtype)
             wide[::2] = x
             return wide[::2]
         if layout == "read-only":
             x.flags.writeable = False
         return x
 
-    base = np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype)
+    base = np.tile(np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype), copies)
     assert rewards_finite(shaped(base.copy()))
     for bad in (np.nan, np.inf, -np.inf):
         for i in range(base.shape[0]):
             x = base.copy()
             x[i] = bad
             assert not rewards_finite(shaped(x)), (bad, i)
+
+
+def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more() -> None:
+    """``DirectRows.match`` / ``write`` are written out per layout. Over random
+    layouts (every numeric dtype; scalar, vector and matrix fields) and random
+    values (arrays of every dtype and of right and wrong shapes, Python and numpy
+    scalars, values at and past each dtype's range, NaN and inf), a value it
+    accepts is one the general path accepts and stores with the same bits, and
+    one the general path refuses it never accepts."""
+    from fastper.storage import DirectRows, Storage
+
+    rng = np.random.default_rng(11)
+    codes = "?bhilqBHILQefd"
+    shapes = [(), (), (3,), (2, 2)]
+    specials = [0, 1, -1, 2, 0.5, -0.0, 1e300, -1e300, 2**53 + 1, 2**63, -(2**63) - 1,
+                float("nan"), float("inf"), 65504.0, 70000.0, 255, 256, -129, True, False]  # fmt: skip
+
+    def value(shape: tuple[int, ...], rows: int) -> Any:
+        kind = int(rng.integers(0, 4))
+        if kind == 0 and shape == ():  # a Python or numpy scalar
+            v = specials[int(rng.integers(0, len(specials)))]
+            if rng.random() < 0.3 and not isinstance(v, bool) and abs(v) < 2**53:
+                code = codes[int(rng.integers(0, len(codes)))]
+                with np.errstate(all="ignore"):
+                    return np.array(v).astype(code)[()]  # a numpy scalar
+            return v
+        lead = () if rows == -1 else (rows,)
+        if kind == 1 and rng.random() < 0.5:  # a shape that may be wrong
+            lead = (int(rng.integers(1, 3)),)
+        code = codes[int(rng.integers(0, len(codes)))]
+        full = (*lead, *shape)
+        with np.errstate(all="ignore"):
+            raw = rng.choice(np.array(specials[:10], dtype=np.float64), size=full)
+            return raw.astype(code)
+
+    accepted = refused = 0
+    for trial in range(600):
+        n = int(rng.integers(1, 4))
+        fields = {f"f{i}": (shapes[int(rng.integers(0, 4))], np.dtype(codes[int(rng.integers(0, len(codes)))]))
+                  for i in range(n)}  # fmt: skip
+        general, direct = Storage(fields, 8), Storage(fields, 8)
+        rows = DirectRows(direct.fields, 8, direct.columns)
+        want = [-1, 1, 3][int(rng.integers(0, 3))]
+        transition = {name: value(shape, want) for name, (shape, _) in fields.items()}
+        matched = rows.match(transition)
+        try:
+            prepared, k = general.prepare(transition)
+        except (ValueError, TypeError):  # FieldTypeError is a TypeError
+            assert matched is None, (trial, fields, transition)
+            refused += 1
+            continue
+        if matched is None:
+            continue
+        accepted += 1
+        values, count = matched
+        assert (1 if count == -1 else count) == k, trial
+        general.write(2, prepared, k)
+        rows.write(2, values, count)
+        for name in fields:
+            a, b = general.columns[name], direct.columns[name]
+            assert a.tobytes() == b.tobytes(), (trial, name, transition[name])
+    # both outcomes are exercised
+    assert accepted > 50 and refused > 50, (accepted, refused)
+
+
+def test_dropped_direct_rows_free_their_columns_at_once_and_refuse_copies() -> None:
+    """The specialised functions hold the columns they write: dropping the storage
+    and its no-cast path frees the columns with no cycle left for the collector,
+    and a copy (which would write into the original's columns) is refused."""
+    import copy
+    import gc
+    import pickle
+    import weakref
+
+    from fastper.storage import Storage
+
+    storage = Storage({"obs": ((3,), np.float32), "r": ((), np.float32)}, 16)
+    rows = storage.direct_rows()
+    rows.write(0, [np.ones(3, np.float32), 1.0], -1)
+    with pytest.raises(TypeError, match="not copied"):
+        copy.deepcopy(rows)
+    with pytest.raises(TypeError, match="not copied"):
+        pickle.dumps(rows)
+    column = weakref.ref(storage.columns["obs"])
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del storage, rows
+        assert column() is None  # freed by reference counting alone
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.mark.skipif(
+    np.finfo(np.longdouble).max <= np.finfo(np.float64).max, reason="longdouble is a double here"
+)
+@pytest.mark.parametrize("size", [1, 4, 20])
+def test_a_longdouble_reward_beyond_a_double_is_finite(size: int) -> None:
+    from fastper._validation import rewards_finite
+
+    x = np.full(size, np.longdouble("1e4000"))
+    assert rewards_finite(x)
+    x[-1] = np.inf
+    assert not rewards_finite(x)

@@ -150,6 +150,9 @@ def _flag(value: bool) -> np.ndarray:
 
 #: one env's time-limit flag, False and True
 _FLAGS = (_flag(False), _flag(True))
+_NDARRAY = np.ndarray
+_BOOL = np.dtype(np.bool_)
+_ONE = (1,)
 
 
 def _rows(name: str, value: Any, want: tuple[int, ...]) -> np.ndarray:
@@ -358,6 +361,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._unprioritized_samples = 0
         self._watch_priorities = scheme != "uniform"
         self._no_timeouts = np.zeros(n_envs, dtype=np.bool_)
+        self._no_timeouts.setflags(write=False)  # (shared by every add: read only)
         # what add() checks every row against: (field, next field, dict key, (n_envs, *shape))
         self._obs_rows = tuple(
             (f"obs{suffix}", f"next_obs{suffix}", key, (n_envs, *shape))
@@ -365,6 +369,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         )
         self._action_rows = (n_envs, self.action_dim)
         self._n_rows = (n_envs,)
+        # (n_envs, *obs shape) of one observation array (not a Dict space): add()'s
+        # most frequent call, whose arrays have exactly the shapes stored
+        self._plain_rows = None if is_dict else (n_envs, *self.obs_shape)
 
     @staticmethod
     def _norm_arg(scheme: str, weight_norm: str) -> dict[str, str]:
@@ -627,23 +634,67 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ValueError, TypeError: arrays of the wrong size or dtype, ``infos``
                 of the wrong length; the buffer is left unchanged.
         """
-        row: dict[str, np.ndarray] = {}
+        plain = self._plain_rows
+        n_rows = self._n_rows
+        if (
+            plain is not None
+            and type(obs) is _NDARRAY
+            and obs.shape == plain
+            and type(next_obs) is _NDARRAY
+            and next_obs.shape == plain
+            and type(action) is _NDARRAY
+            and action.shape == self._action_rows
+            and type(reward) is _NDARRAY
+            and reward.shape == n_rows
+            and reward.dtype.kind in "fiub"  # (numbers: others are refused below)
+            and type(done) is _NDARRAY
+            and done.dtype is _BOOL
+            and done.shape == n_rows
+            and (not self.handle_timeout_termination or len(infos) == self.n_envs)
+        ):
+            # The most frequent call: arrays of exactly the shapes SB3's VecEnv gives,
+            # bool dones. The rows, and the values refused, are the general way's below.
+            if n_rows == _ONE:  # one env: one transition of its values, the cheapest add
+                flag = done.item()
+                timeout = self.handle_timeout_termination and bool(
+                    infos[0].get("TimeLimit.truncated", False)
+                )
+                one_row: dict[str, Any] = {
+                    "obs": obs[0], "next_obs": next_obs[0], "action": action[0],
+                    "reward": reward.item(),  # checked and cast as its array would be
+                }  # fmt: skip
+                if self.n_steps == 1:
+                    one_row["done"] = flag
+                    one_row["timeout"] = timeout
+                else:
+                    one_row["terminated"] = flag and not timeout
+                    one_row["truncated"] = flag and timeout
+                self._buffer.add(one_row)
+                return
+            row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
+            self._add_rows(row, done, infos)
+            return
+        row = {}
         for name, next_name, key, want in self._obs_rows:
             row[name] = _rows(name, obs if key is None else obs[key], want)
             row[next_name] = _rows(next_name, next_obs if key is None else next_obs[key], want)
-        n_rows = self._n_rows
         row["action"] = _rows("action", action, self._action_rows)
         row["reward"] = _rows("reward", reward, n_rows)
         done_arr = _rows("done", done, n_rows)
         if done_arr.dtype != np.bool_:
             done_arr = done_arr != 0
+        self._add_rows(row, done_arr, infos)
+
+    def _add_rows(self, row: dict[str, Any], done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Add ``row`` (the observations, actions and rewards, checked) with the flags
+        made of ``done`` (bool, one per env) and ``infos``."""
         timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
         if self.n_steps == 1:
-            row["done"] = done_arr  # bool flags: stored in the float32 columns as 0 / 1
+            row["done"] = done  # bool flags: stored in the float32 columns as 0 / 1
             row["timeout"] = timeouts
         else:
-            row["terminated"] = done_arr & ~timeouts
-            row["truncated"] = done_arr & timeouts
+            row["terminated"] = done & ~timeouts
+            row["truncated"] = done & timeouts
         self._buffer.add(row)
 
     def _timeouts(self, infos: list[dict[str, Any]]) -> np.ndarray:
@@ -653,7 +704,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if self.n_envs == 1:  # (read-only flags: the buffer copies them into its columns)
             return _FLAGS[bool(infos[0].get("TimeLimit.truncated", False))]
-        return np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
+        flags = [info.get("TimeLimit.truncated", False) for info in infos]
+        if not any(flags):  # (most steps: no env hit its time limit)
+            return self._no_timeouts
+        return np.array(flags, np.bool_)
 
     # -- sample ---------------------------------------------------------------------
     def sample(  # type: ignore[override]
