@@ -110,14 +110,18 @@ def report(times: dict[str, list[float]], rounds: int, calls: int) -> str:
         f"`python benchmarks/single_add.py` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
         f"fastper {fastper.__version__}, python {platform.python_version()}, numpy {np.__version__}, "
         f"{os.cpu_count()} cores. Median over {rounds} interleaved rounds of the mean of "
-        f"{calls} calls (a capacity of {CAPACITY}); spread = min - max over rounds.",
+        f"{calls} calls (a capacity of {CAPACITY}); spread = min - max over rounds; ratio = "
+        "the median over rounds of the round's ratio to its reference (range in brackets).",
         "",
-        "| add | us/call | spread | reference | ratio to reference |",
+        "| add | us/call | spread | reference | ratio to reference (rounds) |",
         "|---|---:|---|---|---:|",
     ]
     for name, v in times.items():
         ref = refs[name]
-        ratio = f"{med[name] / med[ref]:.2f}x" if ref and ref != name else "-"
+        ratio = "-"
+        if ref and ref != name:  # each round's pair was timed back to back: the ratio per round
+            per_round = np.asarray(v) / np.asarray(times[ref])
+            ratio = f"{np.median(per_round):.2f}x ({per_round.min():.2f} - {per_round.max():.2f})"
         lines.append(
             f"| {name} | {med[name]:.2f} | {min(v):.2f} - {max(v):.2f} | {ref if ref != name else '-'} "
             f"| {ratio} |"
