@@ -14,7 +14,7 @@ each round's median):
   fresh sample each call (cold paths, as in ``peers.py``), and the learner
   step (sample + update);
 * the same steps without the public call's checks, schedules and lock
-  (uniforms, the search / weights / keys kernel, the ``take`` gather and the
+  (uniforms, the search / weights / keys kernel, the storage's gather and the
   SampleBatch), the kernel alone (with its uniforms), and the update kernel
   through the sampler; each part in the table is a difference of two of these
   timings, so it carries the noise of both;
@@ -225,7 +225,7 @@ def table(results: dict[int, dict[str, float]], batch: int) -> str:
         lambda r: r["uniforms + search/weights/keys kernel"],
     )
     row(
-        "- gather of 5 fields (`take`) + SampleBatch",
+        "- gather of the rows (5 fields) + SampleBatch",
         lambda r: (
             r["sample, its steps called directly"] - r["uniforms + search/weights/keys kernel"]
         ),

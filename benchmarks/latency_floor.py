@@ -2,10 +2,11 @@
 
 A learner step (sample B draws with their rows, then update their priorities)
 on a large buffer is bound by cache misses at random addresses: each draw
-reads one cache line per tree level on its way down, the rows of its slot in
-every field column, then its raw priority and the min tree's path on the way
+reads one cache line per tree level on its way down, its slot's row (one
+record for small rows, else a line in every field column), then its raw
+priority and the min tree's path on the way
 back up. The probe here reads exactly that many lines, from regions as large
-as fastper's (same tree layout, same columns), with nothing else: no
+as fastper's (same tree layout, same row layout), with nothing else: no
 arithmetic beyond the address, no Python between the regions, one compiled
 call. It runs B independent chains, one region at a time across the batch
 (a level-synchronous walk), each read's address depending on the chain's
@@ -34,11 +35,13 @@ OP = "floor"  #: the op name of the probe's rows in peers.csv (one per batch siz
 def step_regions(capacity: int) -> list[tuple[str, int]]:
     """``(name, lines)`` of every region one draw of a fastper learner step reads, in order.
 
-    Sum tree levels from the root down, the leaves, each field column, the raw
+    Sum tree levels from the root down, the leaves, the row (one record, or
+    each field column, as fastper's storage lays out these fields), the raw
     priorities, then the min tree's levels from the bottom up (it shares the
     sum tree's leaves).
     """
     from fastper._kernels.tree import layout
+    from fastper.storage import default_layout, make_fields
 
     n_leaves, offs, depth = layout(capacity)  # every level is padded to whole lines
     inner = [
@@ -46,9 +49,13 @@ def step_regions(capacity: int) -> list[tuple[str, int]]:
     ]
     regions = [(f"sum level {lv}", n) for lv, n in reversed(inner)]
     regions.append(("leaves", n_leaves // LINE_FLOATS))
-    for name, (shape, dtype) in FIELDS.items():
-        row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        regions.append((f"column {name}", -(-capacity * row // 64)))
+    fields = make_fields(FIELDS)
+    if default_layout(fields) == "records":  # a row is one record: its first line
+        row = sum(f.nbytes_per_item for f in fields.values())
+        regions.append(("records", -(-capacity * row // 64)))
+    else:
+        for name, f in fields.items():
+            regions.append((f"column {name}", -(-capacity * f.nbytes_per_item // 64)))
     regions.append(("raw priorities", -(-capacity // LINE_FLOATS)))
     regions += [(f"min level {lv}", n) for lv, n in inner]
     return regions
@@ -76,6 +83,8 @@ class Floor:
 
     def __init__(self, capacity: int) -> None:
         self.regions = step_regions(capacity)
+        records = any(name == "records" for name, _ in self.regions)
+        self.rows = "one record" if records else f"{len(FIELDS)} columns"
         lines = np.array([n for _, n in self.regions], dtype=np.int64)
         self.lines = lines
         self.starts = np.concatenate(([0], np.cumsum(lines)[:-1])) * LINE_FLOATS
@@ -111,6 +120,6 @@ class Floor:
         """One line for the report's notes."""
         return (
             f"{self.reads_per_draw} dependent random line reads per draw (sum tree levels, "
-            f"leaves, {len(FIELDS)} columns, raw priorities, min tree levels) over "
+            f"leaves, the row ({self.rows}), raw priorities, min tree levels) over "
             f"{self.nbytes / 2**20:.0f} MiB, B chains level-synchronous, one compiled call"
         )

@@ -314,7 +314,9 @@ class StateMixin(BufferCore):
             beta=given("beta", self._beta_schedule),
         )
         storage = self._storage
-        if type(storage) is not Storage:  # a custom storage is loaded in place, last
+        if type(storage) is not Storage or storage.layout != other._storage.layout:
+            # a custom storage, or one of another layout than the default the state's
+            # buffer got, is loaded in place, last (the buffer keeps its storage)
             storage.load_state_dict(state["storage"], len(other))
         else:
             storage = other._storage

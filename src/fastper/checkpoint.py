@@ -119,9 +119,17 @@ def is_array(value: Any) -> bool:
 def _chunks(arr: np.ndarray | LazyArray) -> Any:
     """The array's bytes, as memoryviews of at most about ``_CHUNK`` bytes."""
     if isinstance(arr, np.ndarray):
-        a = np.ascontiguousarray(arr)
-        if a.size:
-            yield memoryview(a.reshape(-1).view(np.uint8).data)
+        if arr.flags.c_contiguous or arr.ndim == 0:
+            a = np.ascontiguousarray(arr)
+            if a.size:
+                yield memoryview(a.reshape(-1).view(np.uint8).data)
+            return
+        # a strided view (a field of record storage): copied a chunk of rows at a time
+        step = max(1, _CHUNK // max(1, arr[:1].nbytes))
+        for lo in range(0, arr.shape[0], step):
+            part = np.ascontiguousarray(arr[lo : lo + step])
+            if part.size:
+                yield memoryview(part.reshape(-1).view(np.uint8).data)
         return
     rows = arr.shape[0] if arr.shape else 0
     row_bytes = max(1, arr.nbytes // rows) if rows else 1
@@ -483,10 +491,11 @@ def read_state(
 ) -> tuple[dict[str, Any], int]:
     """Read a checkpoint in one pass: (the state, with its arrays; the file's version).
 
-    ``targets(state)`` may offer, by array name, writable C-contiguous arrays
-    to read into in place (a buffer's own columns); an array whose dtype or
-    shape differs from the file's gets a new array instead. Memory: the
-    targets plus the arrays not offered, plus one chunk. Format-1 files come
+    ``targets(state)`` may offer, by array name, writable arrays to read into
+    in place (a buffer's own columns; a strided one is filled a chunk of rows
+    at a time); an array whose dtype or shape differs from the file's gets a
+    new array instead. Memory: the targets plus the arrays not offered, plus
+    one chunk. Format-1 files come
     back as version-2 states and names (:func:`upgrade_v1`); their arrays
     that version 2 does not use are checked and skipped.
 
@@ -507,30 +516,43 @@ def read_state(
         for name, (dt, shape, _offset, nbytes) in table.items():
             new_name = name if version == 2 else _V1_NAMES(name)
             dest: np.ndarray | None = None
+            strided: np.ndarray | None = None  # a target filled through the scratch chunk
             if new_name is not None:
                 t = offered.get(new_name)
                 ok = (
                     isinstance(t, np.ndarray) and t.dtype == dt and t.shape == shape
-                    and t.flags.c_contiguous and t.flags.writeable
+                    and t.flags.writeable
                 )  # fmt: skip
-                dest = t if ok else np.empty(shape, dtype=dt)
+                target = t if ok and t is not None else np.empty(shape, dtype=dt)
+                if not target.flags.c_contiguous:
+                    strided = target
+                dest = target
             view = (
                 memoryview(dest.reshape(-1).view(np.uint8).data)
-                if dest is not None and nbytes
+                if dest is not None and strided is None and nbytes
                 else None
             )
+            # a strided target takes whole rows per chunk
+            row = max(1, nbytes // shape[0]) if strided is not None and shape[0] else 1
+            chunk = max(1, _CHUNK // row) * row if strided is not None else _CHUNK
             done = 0
             while done < nbytes:
-                step = min(_CHUNK, nbytes - done)
+                step = min(chunk, nbytes - done)
                 if view is not None:
                     part = view[done : done + step]
                 else:
-                    scratch = scratch if scratch is not None else bytearray(_CHUNK)
+                    if scratch is None or len(scratch) < step:
+                        scratch = bytearray(max(_CHUNK, step))
                     part = memoryview(scratch)[:step]
                 got = f.readinto(part)
                 if got != step:
                     raise CheckpointError(f"{path}: truncated checkpoint while reading `{name}`")
                 whole.update(part)
+                if strided is not None:
+                    lo = done // row
+                    strided[lo : lo + step // row] = np.frombuffer(part, dtype=dt).reshape(
+                        (step // row, *shape[1:])
+                    )
                 done += step
             if dest is not None and new_name is not None:
                 arrays[new_name] = dest

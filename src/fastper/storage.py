@@ -394,6 +394,7 @@ class DirectRows:
         fields: Mapping[str, Field],
         capacity: int,
         columns: Mapping[str, np.ndarray] | None = None,
+        puts: list[Callable[[int, Any], None]] | None = None,
     ) -> None:
         self.capacity = capacity
         #: the columns :meth:`write` stores into (none: a matcher only)
@@ -424,6 +425,7 @@ class DirectRows:
         columns_by_name: dict[str, Any] = {}
         for i, (col, by_one) in enumerate(zip(self.columns, self.columns_by_one, strict=True)):
             columns_by_name[f"COL{i}"], columns_by_name[f"BY_ONE{i}"] = col, by_one
+            columns_by_name[f"PUT{i}"] = puts[i] if puts is not None else None
         self.match = _specialise("match", _match_source(self.entries), facts)
         self.write = _specialise("write", _write_source(len(self.columns)), columns_by_name)
 
@@ -544,9 +546,11 @@ def _write_source(count: int) -> str:
     lines += [f"        COL{i}[start] = v{i}" for i in range(count)]
     lines.append("    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice")
     lines += [f"        BY_ONE{i}[start] = v{i}" for i in range(count)]
-    lines.append("    else:")
+    lines.append(f"    elif k < {_ITEM_ROWS} or PUT0 is None:")
     lines.append("        end = start + k")
     lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
+    lines.append("    else:  # a long run: the storage's own copy (see Storage._putter)")
+    lines += [f"        PUT{i}(start, v{i})" for i in range(count)]
     return "\n".join(lines) + "\n"
 
 
@@ -566,33 +570,117 @@ def _specialise(name: str, source: str, constants: dict[str, Any]) -> Any:
     return namespace.pop(name)
 
 
-class Storage:
-    """Columnar storage in RAM: one preallocated numpy array per field.
+#: rows up to this many bytes are stored as records by default (see :class:`Storage`)
+RECORD_ROW_BYTES = 256
+#: runs of at least this many rows are copied into records as opaque items
+_ITEM_ROWS = 256
 
-    The default :class:`ReplayStorage`. Not locked: a storage shared by
-    threads needs the caller's lock, as the buffers hold theirs around every
-    call.
+
+def _copied_storage(
+    fields: dict[str, Field], capacity: int, layout: str, arrays: Mapping[str, np.ndarray]
+) -> Storage:
+    """A :class:`Storage` holding ``arrays`` (how a copy of one is made)."""
+    out = Storage(fields, capacity, layout=layout)
+    for name, col in out.columns.items():
+        col[...] = arrays[name]
+    return out
+
+
+def record_dtype(fields: Mapping[str, Field]) -> np.dtype[Any]:
+    """The structured dtype of one slot stored as a record: the widest-aligned
+    fields first, padded to a multiple of that alignment (every field of every
+    slot aligned; strides of whole elements, as numpy and torch expect)."""
+    order = sorted(fields, key=lambda n: -fields[n].dtype.alignment)
+    return np.dtype([(n, fields[n].dtype, fields[n].shape) for n in order], align=True)
+
+
+def default_layout(fields: Mapping[str, Field]) -> str:
+    """:class:`Storage`'s layout for ``layout="auto"``: ``"records"`` for rows of at
+    most :data:`RECORD_ROW_BYTES` bytes, of more than one field, that a record
+    holds with no padding; else ``"columns"``."""
+    row = sum(f.nbytes_per_item for f in fields.values())
+    small = 0 < row <= RECORD_ROW_BYTES and len(fields) > 1
+    return "records" if small and record_dtype(fields).itemsize == row else "columns"
+
+
+class Storage:
+    """Storage in RAM: preallocated numpy arrays, one view per field in :attr:`columns`.
+
+    The default :class:`ReplayStorage`. Small rows are stored as records
+    (``layout="records"``: one structured array, every field of a slot side by
+    side), so that reading a sampled row touches one or two cache lines
+    instead of one per field: a sample's rows are random, and on a large
+    buffer each line is a cache miss. :attr:`columns` are then strided views
+    of the records; :meth:`gather` still returns one C-contiguous array per
+    field. Large rows (images) gain nothing from it and keep one array per
+    field (``layout="columns"``). Not locked: a storage shared by threads needs
+    the caller's lock, as the buffers hold theirs around every call.
 
     Args:
         fields: ``{name: (shape, dtype)}``, ``{name: Field}`` or
             ``{name: {"shape": ..., "dtype": ...}}``; a bare dtype is a scalar.
         capacity: number of slots.
+        layout: ``"records"``, ``"columns"`` or ``"auto"`` (the default:
+            records for rows of at most :data:`RECORD_ROW_BYTES` bytes, of more
+            than one field, whose fields align with no padding: e.g. float32
+            observations and int64 actions; else columns). Records put the
+            widest-aligned fields first and pad a record to a multiple of that
+            alignment, so that every field of every slot is aligned.
     """
 
     gather_can_fail = False  # numpy takes of written slots
     concurrent_gather = True  # a take only reads
 
-    def __init__(self, fields: Mapping[str, FieldLike], capacity: int) -> None:
+    def __init__(
+        self, fields: Mapping[str, FieldLike], capacity: int, *, layout: str = "auto"
+    ) -> None:
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.fields = make_fields(fields)
+        if layout not in ("auto", "records", "columns"):
+            raise ValueError(
+                f"`layout` must be 'auto', 'records' or 'columns', got layout={layout!r}"
+            )
+        if layout == "auto":
+            layout = default_layout(self.fields)
+        self.layout = layout
         # np.zeros maps fresh zero pages lazily: memory is touched as rows are written
-        warn_if_too_large(
-            self.capacity * self.nbytes_per_slot, f"a buffer of capacity {self.capacity}"
-        )
-        self.columns: dict[str, np.ndarray] = {
-            name: np.zeros((self.capacity, *f.shape), dtype=f.dtype)
-            for name, f in self.fields.items()
-        }
+        self._records: np.ndarray | None = None
+        self._items: dict[str, np.ndarray] = {}
+        self._puts: dict[str, Callable[[int, Any], None]] | None = None
+        if layout == "records":
+            record = record_dtype(self.fields)
+            warn_if_too_large(
+                self.capacity * record.itemsize, f"a buffer of capacity {self.capacity}"
+            )
+            self._records = np.zeros(self.capacity, dtype=record)
+            self.columns: dict[str, np.ndarray] = {n: self._records[n] for n in self.fields}
+            where = record.fields
+            assert where is not None
+            # each field as one opaque item per slot: a long run of rows is copied
+            # into the records by one strided copy of items, not a loop over rows
+            self._items = {
+                n: np.ndarray(
+                    (self.capacity,), dtype=f"V{self.fields[n].nbytes_per_item}",
+                    buffer=self._records, offset=where[n][1], strides=(record.itemsize,),
+                )  # fmt: skip
+                for n in self.fields
+                if self.fields[n].nbytes_per_item
+            }
+        else:
+            warn_if_too_large(
+                self.capacity * self.nbytes_per_slot, f"a buffer of capacity {self.capacity}"
+            )
+            self.columns = {
+                name: np.zeros((self.capacity, *f.shape), dtype=f.dtype)
+                for name, f in self.fields.items()
+            }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a copy (copy.deepcopy, pickle) is a new storage of the same layout holding
+        # the same rows: its columns must be views of its own records, its writers
+        # its own
+        arrays = {name: np.ascontiguousarray(col) for name, col in self.columns.items()}
+        return (_copied_storage, (self.fields, self.capacity, self.layout, arrays))
 
     @property
     def nbytes_per_slot(self) -> int:
@@ -600,7 +688,10 @@ class Storage:
         return sum(f.nbytes_per_item for f in self.fields.values())
 
     def nbytes(self) -> int:
-        """Bytes the columns take when full (pages are mapped as rows are written)."""
+        """Bytes the arrays take when full (pages are mapped as rows are written;
+        records: padding included)."""
+        if self._records is not None:
+            return int(self._records.nbytes)
         return int(sum(c.nbytes for c in self.columns.values()))
 
     def prepare(self, transition: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
@@ -609,19 +700,60 @@ class Storage:
 
     def direct_rows(self) -> DirectRows:
         """The fast path of an add: values stored with no cast (see :class:`DirectRows`)."""
-        return DirectRows(self.fields, self.capacity, self.columns)
+        return DirectRows(
+            self.fields, self.capacity, self.columns, [self._putter(n) for n in self.columns]
+        )
+
+    def _putter(self, name: str) -> Callable[[int, Any], None]:
+        """``put(start, rows)``: ``columns[name][start : start + len(rows)] = rows``.
+
+        A field of records is a strided view, which numpy fills a row at a
+        time; a long run of C-contiguous rows of the field's dtype is copied
+        as opaque items instead (the same bytes, several times faster).
+        """
+        col = self.columns[name]
+        items = self._items.get(name) if self._records is not None else None
+        if items is None:
+
+            def put(start: int, rows: Any) -> None:
+                col[start : start + len(rows)] = rows
+
+            return put
+        dtype, ndim, item = col.dtype, col.ndim, items.dtype
+        # rows of a field of one axis viewed as items keep a second axis of 1
+        target = items.reshape(-1, 1) if ndim == 2 else items
+
+        def put_items(start: int, rows: Any) -> None:
+            k = len(rows)
+            if k < _ITEM_ROWS or type(rows) is not np.ndarray or rows.dtype != dtype:
+                col[start : start + k] = rows
+            elif ndim <= 2 and rows.flags.c_contiguous:  # (a view, no reshape)
+                target[start : start + k] = rows.view(item)
+            elif rows.flags.c_contiguous:
+                items[start : start + k] = rows.reshape(k, -1).view(item).reshape(k)
+            else:
+                col[start : start + k] = rows
+
+        return put_items
 
     def write(self, start: int, prepared: Mapping[str, np.ndarray], k: int) -> None:
         """Write prepared arrays (from :meth:`prepare`) from slot ``start`` on, wrapping. O(B)."""
         first = min(k, self.capacity - start)
-        for name, col in self.columns.items():
+        puts = self._puts
+        if puts is None:
+            puts = self._puts = {n: self._putter(n) for n in self.columns}
+        for name, put in puts.items():
             src = prepared[name]
-            col[start : start + first] = src[:first]
+            put(start, src[:first])
             if first < k:
-                col[: k - first] = src[first:k]
+                put(0, src[first:k])
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of the rows at ``indices`` for every field. O(B)."""
+        """Copies of the rows at ``indices`` for every field, C-contiguous. O(B)."""
+        records = self._records
+        if records is not None:  # one read of each record, then its fields apart
+            block = records.take(indices)
+            return {name: block[name].copy() for name in self.columns}
         # take(axis=0) is several times faster than fancy indexing on 2-D columns
         return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
 

@@ -437,3 +437,22 @@ def test_a_state_from_another_kind_of_device_loads_with_a_seeded_generator() -> 
     fresh.add({"x": np.arange(40, dtype=np.float32)})
     assert torch.equal(moved.sample(8).indices, fresh.sample(8).indices)
     assert torch.equal(moved.priorities(torch.arange(40)), buf.priorities(torch.arange(40)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cpu_buffer_of_records_loads_into_a_device_buffer(backend, tmp_path):
+    """A CPU buffer whose small rows are stored as records (strided columns) hands
+    the same rows to a device buffer, through its state and through a file."""
+    fields = {"obs": ((3,), np.float32), "id": ((), np.int64), "done": ((), np.float32)}
+    cpu = fastper.PrioritizedReplayBuffer(CAP, fields, alpha=0.7, seed=0)
+    assert cpu.storage.layout == "records"
+    rng = np.random.default_rng(4)
+    cpu.add({"obs": rng.standard_normal((CAP, 3)).astype(np.float32), "id": np.arange(CAP),
+             "done": (rng.random(CAP) < 0.3).astype(np.float32)})  # fmt: skip
+    cpu.save(tmp_path / "cpu.fpk")
+    for dev in (
+        fd.load(tmp_path / "cpu.fpk", backend=backend),
+        fd.DevicePrioritizedReplayBuffer.from_state_dict(cpu.state_dict(), backend=backend),
+    ):
+        for name, col in cpu.storage.columns.items():
+            np.testing.assert_array_equal(dev.storage.columns[name][:CAP].numpy(), col)

@@ -348,7 +348,9 @@ def _same_bits(a: dict, b: dict, where: str) -> None:
             _same_bits(x, y, f"{where}/{k}")
         elif isinstance(x, np.ndarray) and x.dtype.kind == "f":
             assert x.dtype == y.dtype and x.shape == y.shape, f"{where}/{k}"
-            np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8), err_msg=f"{where}/{k}")
+            # (views of record storage are strided: compared as contiguous copies)
+            xb, yb = (np.ascontiguousarray(v).view(np.uint8) for v in (x, y))
+            np.testing.assert_array_equal(xb, yb, err_msg=f"{where}/{k}")
         else:
             _same_state(x, y, f"{where}/{k}")
 

@@ -133,7 +133,8 @@ class OutOfGraphPrioritizedReplayBuffer:
         }
         for e in self._extras:
             fields[e.name] = (e.shape, e.type)
-        self._storage = Storage(fields, capacity)
+        # columns: the stacking kernels read the observation column as one C-contiguous array
+        self._storage = Storage(fields, capacity, layout="columns")
         self._names = list(self._storage.fields)
         self.sum_tree = SumTree(capacity, rng=rng)
         self._episode_end = np.zeros(capacity, dtype=np.bool_)  # ended here, cut short or not
