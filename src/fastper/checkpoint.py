@@ -117,25 +117,25 @@ def is_array(value: Any) -> bool:
 
 
 def _chunks(arr: np.ndarray | LazyArray) -> Any:
-    """The array's bytes, as memoryviews of at most about ``_CHUNK`` bytes."""
-    if isinstance(arr, np.ndarray):
-        if arr.flags.c_contiguous or arr.ndim == 0:
-            a = np.ascontiguousarray(arr)
-            if a.size:
-                yield memoryview(a.reshape(-1).view(np.uint8).data)
-            return
-        # a strided view (a field of record storage): copied a chunk of rows at a time
-        step = max(1, _CHUNK // max(1, arr[:1].nbytes))
-        for lo in range(0, arr.shape[0], step):
-            part = np.ascontiguousarray(arr[lo : lo + step])
-            if part.size:
-                yield memoryview(part.reshape(-1).view(np.uint8).data)
+    """The array's bytes, as memoryviews of at most about ``_CHUNK`` bytes.
+
+    A C-contiguous array is one view of its own bytes; a strided one (a field
+    of record storage) and a :class:`LazyArray` are copied a chunk of rows at
+    a time.
+    """
+    if isinstance(arr, np.ndarray) and (arr.flags.c_contiguous or arr.ndim == 0):
+        a = np.ascontiguousarray(arr)
+        if a.size:
+            yield memoryview(a.reshape(-1).view(np.uint8).data)
         return
+    read: Callable[[int, int], np.ndarray] = (
+        arr.read if isinstance(arr, LazyArray) else lambda lo, hi: arr[lo:hi]
+    )
     rows = arr.shape[0] if arr.shape else 0
     row_bytes = max(1, arr.nbytes // rows) if rows else 1
     step = max(1, _LAZY_CHUNK // row_bytes)
     for lo in range(0, rows, step):
-        part = np.ascontiguousarray(arr.read(lo, min(rows, lo + step)), dtype=arr.dtype)
+        part = np.ascontiguousarray(read(lo, min(rows, lo + step)), dtype=arr.dtype)
         if part.size:
             yield memoryview(part.reshape(-1).view(np.uint8).data)
 

@@ -425,6 +425,7 @@ class DirectRows:
         columns_by_name: dict[str, Any] = {}
         for i, (col, by_one) in enumerate(zip(self.columns, self.columns_by_one, strict=True)):
             columns_by_name[f"COL{i}"], columns_by_name[f"BY_ONE{i}"] = col, by_one
+            # a long run goes through the storage's writer where it has one (records)
             columns_by_name[f"PUT{i}"] = puts[i] if puts is not None else None
         self.match = _specialise("match", _match_source(self.entries), facts)
         self.write = _specialise("write", _write_source(len(self.columns)), columns_by_name)
@@ -577,12 +578,11 @@ _ITEM_ROWS = 256
 
 
 def _copied_storage(
-    fields: dict[str, Field], capacity: int, layout: str, arrays: Mapping[str, np.ndarray]
+    fields: dict[str, Field], capacity: int, layout: str, state: Mapping[str, np.ndarray]
 ) -> Storage:
-    """A :class:`Storage` holding ``arrays`` (how a copy of one is made)."""
+    """A :class:`Storage` of this layout loaded with ``state`` (how a copy of one is made)."""
     out = Storage(fields, capacity, layout=layout)
-    for name, col in out.columns.items():
-        col[...] = arrays[name]
+    out.load_state_dict(state, capacity)
     return out
 
 
@@ -679,8 +679,8 @@ class Storage:
         # a copy (copy.deepcopy, pickle) is a new storage of the same layout holding
         # the same rows: its columns must be views of its own records, its writers
         # its own
-        arrays = {name: np.ascontiguousarray(col) for name, col in self.columns.items()}
-        return (_copied_storage, (self.fields, self.capacity, self.layout, arrays))
+        state = {k: np.ascontiguousarray(v) for k, v in self.state_dict(self.capacity).items()}
+        return (_copied_storage, (self.fields, self.capacity, self.layout, state))
 
     @property
     def nbytes_per_slot(self) -> int:
@@ -700,9 +700,8 @@ class Storage:
 
     def direct_rows(self) -> DirectRows:
         """The fast path of an add: values stored with no cast (see :class:`DirectRows`)."""
-        return DirectRows(
-            self.fields, self.capacity, self.columns, [self._putter(n) for n in self.columns]
-        )
+        puts = [self._putter(n) for n in self.columns] if self._records is not None else None
+        return DirectRows(self.fields, self.capacity, self.columns, puts)
 
     def _putter(self, name: str) -> Callable[[int, Any], None]:
         """``put(start, rows)``: ``columns[name][start : start + len(rows)] = rows``.

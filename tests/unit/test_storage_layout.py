@@ -136,6 +136,7 @@ def test_a_record_buffer_saves_and_loads_in_chunks_of_rows(tmp_path, monkeypatch
     chunk of 40 bytes: a few rows each, so many chunks and a partial last one)."""
     if chunk is not None:
         monkeypatch.setattr(ckpt, "_CHUNK", chunk)
+        monkeypatch.setattr(ckpt, "_LAZY_CHUNK", chunk)
     rec, col = _filled("records"), _filled("columns")
     assert rec.storage.layout == "records" and col.storage.layout == "columns"
     rec.save(tmp_path / "rec.fpk")
@@ -166,6 +167,7 @@ def test_strided_arrays_are_written_and_read_in_place_a_chunk_of_rows_at_a_time(
     same bytes as contiguous copies, and read back straight into strided targets."""
     if chunk is not None:
         monkeypatch.setattr(ckpt, "_CHUNK", chunk)
+        monkeypatch.setattr(ckpt, "_LAZY_CHUNK", chunk)
     rng = np.random.default_rng(3)
     src = Storage(FIELDS, 50, layout="records")
     prepared, k = src.prepare(_rows(rng, 50))
