@@ -394,7 +394,7 @@ class DirectRows:
         fields: Mapping[str, Field],
         capacity: int,
         columns: Mapping[str, np.ndarray] | None = None,
-        puts: list[Callable[[int, Any], None]] | None = None,
+        puts: list[Callable[[int, Any], None] | None] | None = None,
     ) -> None:
         self.capacity = capacity
         #: the columns :meth:`write` stores into (none: a matcher only)
@@ -427,8 +427,10 @@ class DirectRows:
             columns_by_name[f"COL{i}"], columns_by_name[f"BY_ONE{i}"] = col, by_one
             # a long run goes through the storage's writer where it has one (records)
             columns_by_name[f"PUT{i}"] = puts[i] if puts is not None else None
+        long_runs = tuple(puts[i] is not None for i in range(len(self.columns))) if puts else ()
         self.match = _specialise("match", _match_source(self.entries), facts)
-        self.write = _specialise("write", _write_source(len(self.columns)), columns_by_name)
+        write = _write_source(len(self.columns), long_runs)
+        self.write = _specialise("write", write, columns_by_name)
 
     def __reduce__(self) -> Any:
         # its functions write into the columns they were made for: a copy would too
@@ -535,8 +537,10 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_source(count: int) -> str:
-    """The source of :attr:`DirectRows.write` for ``count`` columns (see there)."""
+def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
+    """The source of :attr:`DirectRows.write` for ``count`` columns (see there);
+    column ``i`` takes a long run through its writer ``PUTi`` where
+    ``long_runs[i]`` (none: every column by slices)."""
     names = ", ".join(f"v{i}" for i in range(count))
     lines = ["def write(start, values, k):"]
     if count == 0:
@@ -547,11 +551,18 @@ def _write_source(count: int) -> str:
     lines += [f"        COL{i}[start] = v{i}" for i in range(count)]
     lines.append("    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice")
     lines += [f"        BY_ONE{i}[start] = v{i}" for i in range(count)]
-    lines.append(f"    elif k < {_ITEM_ROWS} or PUT0 is None:")
+    if not any(long_runs):
+        lines.append("    else:")
+        lines.append("        end = start + k")
+        lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
+        return "\n".join(lines) + "\n"
+    lines.append(f"    elif k < {_ITEM_ROWS}:")
     lines.append("        end = start + k")
     lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
-    lines.append("    else:  # a long run: the storage's own copy (see Storage._putter)")
-    lines += [f"        PUT{i}(start, v{i})" for i in range(count)]
+    lines.append("    else:  # a long run: the storage's own copy where it has one")
+    lines.append("        end = start + k")
+    lines += [f"        PUT{i}(start, v{i})" if long_runs[i] else f"        COL{i}[start:end] = v{i}"
+              for i in range(count)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -645,6 +656,9 @@ class Storage:
         self.layout = layout
         # np.zeros maps fresh zero pages lazily: memory is touched as rows are written
         self._records: np.ndarray | None = None
+        # the records read as gather reads them, and each field's view of its bytes
+        self._opaque: np.ndarray | None = None
+        self._unpack: tuple[tuple[str, np.dtype[Any] | None], ...] = ()
         self._items: dict[str, np.ndarray] = {}
         self._puts: dict[str, Callable[[int, Any], None]] | None = None
         if layout == "records":
@@ -656,16 +670,26 @@ class Storage:
             self.columns: dict[str, np.ndarray] = {n: self._records[n] for n in self.fields}
             where = record.fields
             assert where is not None
-            # each field as one opaque item per slot: a long run of rows is copied
-            # into the records by one strided copy of items, not a loop over rows
-            self._items = {
-                n: np.ndarray(
-                    (self.capacity,), dtype=f"V{self.fields[n].nbytes_per_item}",
-                    buffer=self._records, offset=where[n][1], strides=(record.itemsize,),
-                )  # fmt: skip
+            # A field of an axis or more, seen as one opaque item per slot: a strided
+            # copy of items is several times faster than numpy's copy of a strided
+            # field of short rows, which goes a row at a time. gather copies such a
+            # field out of a block of records as items, then views the copy as
+            # (k, *shape); a long run of rows is written into the records as items.
+            names = list(where)
+            opaque = [n for n in names
+                      if self.fields[n].shape != () and self.fields[n].nbytes_per_item]  # fmt: skip
+            spec: Any = {  # (numpy.dtype's dict form)
+                "names": names, "offsets": [where[n][1] for n in names],
+                "formats": [f"V{self.fields[n].nbytes_per_item}" if n in opaque else where[n][0]
+                            for n in names],
+                "itemsize": record.itemsize,
+            }  # fmt: skip
+            self._opaque = self._records.view(np.dtype(spec))
+            self._items = {n: self._opaque[n] for n in opaque}
+            self._unpack = tuple(
+                (n, np.dtype((self.fields[n].dtype, self.fields[n].shape)) if n in opaque else None)
                 for n in self.fields
-                if self.fields[n].nbytes_per_item
-            }
+            )
         else:
             warn_if_too_large(
                 self.capacity * self.nbytes_per_slot, f"a buffer of capacity {self.capacity}"
@@ -700,24 +724,35 @@ class Storage:
 
     def direct_rows(self) -> DirectRows:
         """The fast path of an add: values stored with no cast (see :class:`DirectRows`)."""
-        puts = [self._putter(n) for n in self.columns] if self._records is not None else None
+        puts = [self._long_putter(n) for n in self.columns] if self._records is not None else None
         return DirectRows(self.fields, self.capacity, self.columns, puts)
 
     def _putter(self, name: str) -> Callable[[int, Any], None]:
         """``put(start, rows)``: ``columns[name][start : start + len(rows)] = rows``.
 
         A field of records is a strided view, which numpy fills a row at a
-        time; a long run of C-contiguous rows of the field's dtype is copied
-        as opaque items instead (the same bytes, several times faster).
+        time; into a field of an axis or more, a long run of C-contiguous rows
+        of the field's dtype is copied as opaque items instead (the same
+        bytes, several times faster: :meth:`_long_putter`).
         """
+        put_items = self._long_putter(name)
+        if put_items is not None:
+            return put_items
         col = self.columns[name]
-        items = self._items.get(name) if self._records is not None else None
+
+        def put(start: int, rows: Any) -> None:
+            col[start : start + len(rows)] = rows
+
+        return put
+
+    def _long_putter(self, name: str) -> Callable[[int, Any], None] | None:
+        """:meth:`_putter` of a field of records with an axis or more; None for any
+        other field, whose slice copy is as fast (a scalar field: numpy copies
+        strided scalars as fast as items, and an item view costs a call)."""
+        col = self.columns[name]
+        items = self._items.get(name)
         if items is None:
-
-            def put(start: int, rows: Any) -> None:
-                col[start : start + len(rows)] = rows
-
-            return put
+            return None
         dtype, ndim, item = col.dtype, col.ndim, items.dtype
         # rows of a field of one axis viewed as items keep a second axis of 1
         target = items.reshape(-1, 1) if ndim == 2 else items
@@ -726,7 +761,7 @@ class Storage:
             k = len(rows)
             if k < _ITEM_ROWS or type(rows) is not np.ndarray or rows.dtype != dtype:
                 col[start : start + k] = rows
-            elif ndim <= 2 and rows.flags.c_contiguous:  # (a view, no reshape)
+            elif ndim == 2 and rows.flags.c_contiguous:  # (a view, no reshape)
                 target[start : start + k] = rows.view(item)
             elif rows.flags.c_contiguous:
                 items[start : start + k] = rows.reshape(k, -1).view(item).reshape(k)
@@ -749,10 +784,13 @@ class Storage:
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the rows at ``indices`` for every field, C-contiguous. O(B)."""
-        records = self._records
-        if records is not None:  # one read of each record, then its fields apart
-            block = records.take(indices)
-            return {name: block[name].copy() for name in self.columns}
+        opaque = self._opaque
+        if opaque is not None:  # one read of each record, then its fields apart
+            block = opaque.take(indices)
+            return {
+                name: block[name].copy() if shaped is None else block[name].copy().view(shaped)
+                for name, shaped in self._unpack
+            }
         # take(axis=0) is several times faster than fancy indexing on 2-D columns
         return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
 

@@ -108,6 +108,38 @@ def test_both_layouts_store_gather_read_and_round_trip_the_same_rows() -> None:
             np.testing.assert_array_equal(dst.columns[name], src.columns[name])
 
 
+def test_gather_of_records_returns_each_field_as_its_own_array_of_any_shape() -> None:
+    """A record's fields come apart as C-contiguous arrays of (indices' shape, *field's
+    shape) and the field's dtype, equal to the columns layout's: fields of several
+    axes, of none, of zero size, and index arrays of one axis, two, none (0-d), or
+    of no entries."""
+    fields = {"m": ((2, 3), np.float32), "v": ((3,), np.int16), "s": ((), np.float64),
+              "z": ((0,), np.float32), "b": ((), np.bool_), "u": ((1,), np.uint8)}  # fmt: skip
+    rng = np.random.default_rng(11)
+    rows = {
+        "m": rng.standard_normal((40, 2, 3)).astype(np.float32),
+        "v": rng.integers(-99, 99, (40, 3)).astype(np.int16),
+        "s": rng.standard_normal(40),
+        "z": np.zeros((40, 0), np.float32),
+        "b": rng.random(40) < 0.5,
+        "u": rng.integers(0, 256, (40, 1)).astype(np.uint8),
+    }
+    rec, col = Storage(fields, 40, layout="records"), Storage(fields, 40, layout="columns")
+    for st in (rec, col):
+        st.write(0, *st.prepare(rows))
+    indices = (rng.integers(0, 40, 7), rng.integers(0, 40, (3, 4)), np.zeros(0, np.int64),
+               np.array(5))  # fmt: skip
+    for idx in indices:
+        got, want = rec.gather(idx), col.gather(idx)
+        for name, values in rows.items():
+            assert got[name].shape == (*idx.shape, *fields[name][0]), name
+            assert got[name].dtype == values.dtype and got[name].flags.c_contiguous, name
+            np.testing.assert_array_equal(got[name], values[idx], err_msg=name)
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        got["m"][...] = -1.0  # the caller's copy
+    assert not (rec.columns["m"] == -1.0).any()
+
+
 ALIGNED = {"obs": ((3,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
            "flags": ((8,), np.uint8)}  # fmt: skip  (32 bytes: records by default)
 
@@ -259,7 +291,8 @@ def test_the_item_copy_and_its_fallbacks_store_the_same_rows() -> None:
     }
     for name, rows in cases.items():
         put = st._putter(name)
-        assert put.__name__ == "put_items"
+        # a scalar field is copied by its slice: numpy's strided scalar copy is as fast
+        assert put.__name__ == ("put" if name == "s" else "put_items")
         put(10, rows)  # as items
         np.testing.assert_array_equal(st.columns[name][10 : 10 + k], rows)
         other = rows[::-1].copy().astype(np.float64 if name != "s" else np.float32)

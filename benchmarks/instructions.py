@@ -1,0 +1,199 @@
+"""Instructions per call of the hot operations, for two versions of the package.
+
+    python benchmarks/instructions.py [--base HEAD] [--calls 200] [--out FILE]
+
+Time on a shared machine drifts by more than a small change gains; the
+number of instructions a call executes does not. This runs one worker
+process per version (the working tree's `src/` and `--base`'s, from `git
+archive`) under valgrind's callgrind, which counts every instruction the
+process executes. Each operation runs inside a ctypes callback, and callgrind
+counts only inside callbacks (`--toggle-collect`) and writes one count per
+callback (`--dump-after`; the last ones are the operations'): each operation is timed with ``calls`` and with
+``2 * calls`` calls, and the difference over ``calls`` is its instructions
+per call, without the set-up. Numba's kernels are compiled into a cache by a
+first run of the worker outside valgrind, so the counted run only loads them.
+
+Instructions are not time: a cache miss costs hundreds of cycles and one
+instruction. Read these figures beside the timed benchmarks (`layout.py`,
+`peers.py`), not instead of them. Needs valgrind; takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as dt
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from before_after import _archive  # noqa: E402  (the other revision's src/, unpacked)
+
+CAPACITY = 2**16
+B = 256
+
+
+def _room(rows: int) -> int:
+    """The smallest power of two that holds ``rows``."""
+    return 1 << max(rows - 1, 1).bit_length()
+
+
+def _operations(calls: int) -> dict[str, Callable[[], object]]:
+    """The operations, each a call on its own buffer built here (a fixed seed), for a
+    worker that calls each ``6 * calls`` times."""
+    import numpy as np
+
+    import fastper
+
+    fields = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+              "next_obs": ((4,), np.float32), "done": ((), np.float32)}  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def rows(k: int) -> dict[str, np.ndarray]:
+        return {"obs": rng.standard_normal((k, 4)).astype(np.float32),
+                "action": rng.integers(0, 2, k), "reward": rng.standard_normal(k).astype(np.float32),
+                "next_obs": rng.standard_normal((k, 4)).astype(np.float32),
+                "done": (rng.random(k) < 0.05).astype(np.float32)}  # fmt: skip
+
+    def full() -> fastper.PrioritizedReplayBuffer:
+        buf = fastper.PrioritizedReplayBuffer(CAPACITY, fields, seed=0)
+        buf.add(rows(CAPACITY))
+        buf.update_priorities(np.arange(CAPACITY), np.abs(rng.standard_normal(CAPACITY)) + 0.01)
+        return buf
+
+    learner, sampler, updater = full(), full(), full()
+    batch = updater.sample(B)
+    tds = np.abs(rng.standard_normal(B))
+    idx = rng.integers(0, CAPACITY, B)
+    storage = sampler._storage  # the RAM storage of a default buffer
+    # one env step as an env loop has it: float32 observations, Python numbers
+    one = {"obs": np.array([0.1, -0.2, 0.3, 0.0], np.float32), "action": 1, "reward": 1.0,
+           "next_obs": np.array([0.2, -0.1, 0.3, 0.1], np.float32), "done": 0.0}  # fmt: skip
+    # room for every add the worker makes (6 * calls of each: warm-up, then the
+    # two counted loops): no batch wraps round the ring
+    adder = fastper.PrioritizedReplayBuffer(_room(6 * calls * (1 + 256 + 1024)), fields, seed=0)
+    r256, r1024 = rows(256), rows(1024)
+    nstep = fastper.PrioritizedReplayBuffer(
+        CAPACITY, {**{k: v for k, v in fields.items() if k != "done"},
+                   "terminated": ((), np.bool_), "truncated": ((), np.bool_)},
+        n_step=3, gamma=0.99, seed=0,
+    )  # fmt: skip
+    step = {**{k: v for k, v in one.items() if k != "done"},
+            "terminated": np.False_, "truncated": np.False_}  # fmt: skip
+
+    def learner_step() -> None:
+        s = learner.sample(B)
+        learner.update_priorities(s, tds)
+
+    return {
+        "add, one transition": lambda: adder.add(one),
+        "add, 256 rows": lambda: adder.add(r256),
+        "add, 1024 rows": lambda: adder.add(r1024),
+        "n-step add (n=3), one transition": lambda: nstep.add(step),
+        f"gather of {B} rows (Storage.gather)": lambda: storage.gather(idx),
+        f"sample({B})": lambda: sampler.sample(B),
+        f"update_priorities({B})": lambda: updater.update_priorities(batch, tds),
+        f"learner step (sample({B}) + update)": learner_step,
+    }
+
+
+def worker(calls: int) -> None:
+    """Run every operation ``calls`` and ``2 * calls`` times, each in a ctypes callback."""
+    ops = _operations(calls)
+    for fn in ops.values():  # every lazy load and set-up (numba's cache) outside the count:
+        for _ in range(3 * calls):  # a kernel loaded inside a callback would be counted
+            fn()  # there, and llvmlite's own callbacks would toggle the count
+    callback = ctypes.CFUNCTYPE(None)
+    keep = []
+    for fn in ops.values():
+        for n in (calls, 2 * calls):
+
+            def loop(fn: Callable[[], object] = fn, n: int = n) -> None:
+                for _ in range(n):
+                    fn()
+
+            keep.append(callback(loop))
+            keep[-1]()
+    print("\n".join(ops))
+
+
+def _count(src: Path, calls: int, tmp: Path, side: str) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(src), "NUMBA_CACHE_DIR": str(tmp / f"numba-{side}"),
+           "PYTHONHASHSEED": "0"}  # fmt: skip
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(calls)]
+    subprocess.run([*cmd[:-1], "2"], check=True, capture_output=True, env=env)  # fill the cache
+    out = tmp / f"callgrind-{side}"
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+         "--toggle-collect=_CallPythonObject", "--dump-after=_CallPythonObject",
+         f"--callgrind-out-file={out}", *cmd],
+        check=True, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    names = [n for n in run.stdout.splitlines() if n]
+    # one count per callback, in order: the last ones are the counted loops (the
+    # earlier ones are callbacks of the imports: numba's cache, ...)
+    dumps = sorted(tmp.glob(f"callgrind-{side}.*"), key=lambda f: int(f.suffix[1:]))
+    if len(dumps) < 2 * len(names):
+        raise RuntimeError(f"callgrind wrote {len(dumps)} counts for {2 * len(names)} loops")
+    totals = []
+    for dump in dumps[-2 * len(names) :]:
+        text = dump.read_text()
+        totals.append(int(re.search(r"^summary: (\d+)", text, re.M).group(1)))  # type: ignore[union-attr]
+    per_call = {
+        name: (totals[2 * j + 1] - totals[2 * j]) / calls for j, name in enumerate(names)
+    }
+    # a callback run inside a loop would shift the counts: each pair must be about
+    # n and 2n calls (the set-up of a loop is small beside n calls)
+    ratios = [totals[2 * j + 1] / max(totals[2 * j], 1) for j in range(len(names))]
+    if not all(1.8 < r < 2.05 for r in ratios):
+        raise RuntimeError(f"counts out of step with the loops (2n / n: {ratios})")
+    return per_call
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", default="HEAD", help="the revision to compare with (default HEAD)")
+    p.add_argument("--calls", type=int, default=200, help="calls counted per operation")
+    p.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker is not None:
+        worker(args.worker)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        base = _count(_archive(args.base, Path(tmp)), args.calls, Path(tmp), "base")
+        new = _count(ROOT / "src", args.calls, Path(tmp), "new")
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
+                         check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Instructions per call (callgrind), two versions",
+        "",
+        f"`python benchmarks/instructions.py --base {args.base}` on {now}, python "
+        f"{platform.python_version()}: base = {rev}, new = the working tree. CartPole-like "
+        f"48-byte rows, proportional, capacity {CAPACITY}; instructions per call over "
+        f"{args.calls} calls (set-up excluded). Not time: a cache miss is one instruction.",
+        "",
+        "| operation | base | new | new / base |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, b in base.items():
+        n = new.get(name)
+        if n is not None:
+            lines.append(f"| {name} | {b:,.0f} | {n:,.0f} | {n / b:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""benchmarks/instructions.py: its worker runs every counted operation on the
+current API (the valgrind run itself takes minutes: a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_worker_runs_every_operation_and_names_them_in_order() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--worker", "1"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300).stdout
+    names = [line for line in out.splitlines() if line]
+    assert names == [
+        "add, one transition",
+        "add, 256 rows",
+        "add, 1024 rows",
+        "n-step add (n=3), one transition",
+        "gather of 256 rows (Storage.gather)",
+        "sample(256)",
+        "update_priorities(256)",
+        "learner step (sample(256) + update)",
+    ]
