@@ -97,11 +97,45 @@ def _operations(calls: int) -> dict[str, Callable[[], object]]:
         "add, 256 rows": lambda: adder.add(r256),
         "add, 1024 rows": lambda: adder.add(r1024),
         "n-step add (n=3), one transition": lambda: nstep.add(step),
+        **_sb3_adds(),
         f"gather of {B} rows (Storage.gather)": lambda: storage.gather(idx),
         f"sample({B})": lambda: sampler.sample(B),
         f"update_priorities({B})": lambda: updater.update_priorities(batch, tds),
         f"learner step (sample({B}) + update)": learner_step,
     }
+
+
+def _sb3_adds() -> dict[str, Callable[[], object]]:
+    """One env step through fastper's SB3 drop-in and, as the reference, through SB3's
+    own ``ReplayBuffer.add`` (the same in both columns), for 1 and 4 envs; none
+    without SB3 (the ``sb3`` extra)."""
+    try:
+        import gymnasium as gym
+        from stable_baselines3.common.buffers import ReplayBuffer
+    except ImportError:
+        return {}
+    import numpy as np
+
+    from fastper.compat.sb3 import PrioritizedReplayBuffer as DropIn
+
+    rng = np.random.default_rng(1)
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    act_space = gym.spaces.Discrete(2)
+    out: dict[str, Callable[[], object]] = {}
+    for n_envs in (1, 4):
+        obs = rng.standard_normal((n_envs, 4)).astype(np.float32)
+        nxt = rng.standard_normal((n_envs, 4)).astype(np.float32)
+        act = rng.integers(0, 2, (n_envs, 1))
+        rew = rng.standard_normal(n_envs).astype(np.float32)
+        done = np.zeros(n_envs, dtype=bool)
+        infos: list[dict[str, object]] = [{} for _ in range(n_envs)]
+        step = (obs, nxt, act, rew, done, infos)
+        drop = DropIn(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs, seed=0)
+        sb3 = ReplayBuffer(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs)
+        envs = "one env" if n_envs == 1 else f"{n_envs} envs"
+        out[f"SB3 drop-in add, {envs}"] = lambda b=drop, s=step: b.add(*s)
+        out[f"SB3's own ReplayBuffer.add, {envs} (the reference)"] = lambda b=sb3, s=step: b.add(*s)
+    return out
 
 
 def worker(calls: int) -> None:

@@ -37,6 +37,7 @@ __all__ = ["RowsMixin"]
 #: the longest run of single adds whose priorities wait for the index: a flush
 #: stays O(RUN_LIMIT + log N)
 RUN_LIMIT = 1024
+_INT64 = np.dtype(np.int64)
 
 
 def _finite(value: Any) -> bool:
@@ -200,6 +201,29 @@ class RowsMixin(SamplingMixin):
                 return None  # the general path names the row
         return self._store_direct(rows, values, k)
 
+    def _add_exact(self, values: list[Any], k: int, rewards: Any) -> np.ndarray | None:
+        """``add`` of rows a front end built itself, where its call shape fixes the
+        fields (the SB3 drop-in); None: not here (take :meth:`add`, which changes
+        nothing before it has checked everything).
+
+        ``values``: every field's value in the storage's field order, each of the
+        field's dtype and shape (``k == -1``: one transition) or with a leading
+        dimension of ``k`` rows, or of a dtype that converts exactly (bool flags into
+        a float column); the caller has checked them, so there is no dict to read
+        and no per-field match. ``rewards``: the reward value(s), checked finite as
+        :meth:`add` checks them. The rest is :meth:`_add_direct`'s: a buffer in its
+        common state, rows that fit before the ring's end.
+        """
+        with self._lock:
+            if self._nstep is not None:
+                return None
+            rows = self._rows_now()
+            if rows is None or self._writer.cursor + (1 if k == -1 else k) > self._capacity:
+                return None
+            if self._reward_check is not None and not _finite(rewards):
+                return None  # the general path names the row
+            return self._store_direct(rows, values, k)
+
     def _store_direct(self, rows: DirectRows, values: list[Any], k: int) -> np.ndarray:
         """Store matched rows at the cursor (they fit before the ring's end), then
         commit ring and priority; the slots. The tail of the no-cast adds."""
@@ -209,7 +233,9 @@ class RowsMixin(SamplingMixin):
         priority = self._new_priority()
         rows.write(start, values, k)
         w.advance(n)
-        slots = np.arange(start, start + n, dtype=np.int64)
+        # (dtype positional, as numpy documents it: no keyword parsing; the stubs
+        # know only the keyword)
+        slots = np.arange(start, start + n, 1, _INT64)  # type: ignore[call-overload]
         run = self._run_count
         if (
             run

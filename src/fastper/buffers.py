@@ -288,9 +288,10 @@ class _Buffer(RowsMixin):
 
     def _new_priority(self) -> float:
         policy = self._max_policy
-        if policy == "ever":
+        if policy == "ever":  # (the default, on every add: no call where nothing clips)
             p = self._max_seen
-        elif policy == "current":
+            return p if self._clip is None else min(p, self._priority_cap())
+        if policy == "current":
             assert self._current_max is not None
             held = self._current_max.max if len(self) else 0.0
             p = held if held > 0.0 else 1.0

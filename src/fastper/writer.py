@@ -36,9 +36,11 @@ class RingWriter:
 
     def advance(self, k: int) -> int:
         """Account for ``k <= capacity`` transitions written from :attr:`cursor`; returns the start. O(1)."""
-        start = self.cursor
-        self.cursor = (start + k) % self.capacity
-        self.size = min(self.capacity, self.size + k)
+        start, cap = self.cursor, self.capacity
+        end = start + k  # (no % and no min(): this runs on every add)
+        self.cursor = end if end < cap else end - cap
+        size = self.size + k
+        self.size = size if size < cap else cap
         self.added += k
         return start
 

@@ -305,6 +305,15 @@ def test_the_common_add_stores_and_refuses_what_the_general_add_does(
     fast = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
     slow = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
     slow._plain_rows = None  # every add takes the general way
+    exact = fast.fastper_buffer._add_exact
+    taken = []  # the adds that went the shortest way (arrays of the fields' dtypes)
+
+    def counted(*args: object) -> object:
+        out = exact(*args)
+        taken.append(out is not None)
+        return out
+
+    fast.fastper_buffer._add_exact = counted
     rng = np.random.default_rng(3)
     for step in range(60):
         obs = rng.standard_normal((n_envs, 3)).astype(np.float32)
@@ -325,6 +334,9 @@ def test_the_common_add_stores_and_refuses_what_the_general_add_does(
             slow.update_priorities(b.indices, td, keys=b.keys)
     _same(fast.fastper_buffer.state_dict(), slow.fastper_buffer.state_dict())
     assert (fast.pos, fast.full) == (slow.pos, slow.full)
+    # one-step buffers take it for the float32 rewards (every other step) that fit
+    # before the ring's end; n-step windows never do
+    assert (sum(taken) > 20) if n_steps == 1 else not taken
 
     obs = np.zeros((n_envs, 3), np.float32)
     act = np.zeros((n_envs, 1), np.int64)

@@ -152,6 +152,7 @@ def _flag(value: bool) -> np.ndarray:
 _FLAGS = (_flag(False), _flag(True))
 _NDARRAY = np.ndarray
 _BOOL = np.dtype(np.bool_)
+_FLOAT32 = np.dtype(np.float32)
 _ONE = (1,)
 
 
@@ -372,6 +373,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # (n_envs, *obs shape) of one observation array (not a Dict space): add()'s
         # most frequent call, whose arrays have exactly the shapes stored
         self._plain_rows = None if is_dict else (n_envs, *self.obs_shape)
+        # the dtypes of that call's arrays that need no cast (add's fastest way), and
+        # the field order that way writes in
+        self._obs_dtype = None if is_dict else fields["obs"].dtype
+        self._action_dtype = fields["action"].dtype
+        if not is_dict and n_steps == 1:
+            assert list(fields) == ["obs", "action", "reward", "next_obs", "done", "timeout"]
 
     @staticmethod
     def _norm_arg(scheme: str, weight_norm: str) -> dict[str, str]:
@@ -654,11 +661,25 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ):
             # The most frequent call: arrays of exactly the shapes SB3's VecEnv gives,
             # bool dones. The rows, and the values refused, are the general way's below.
+            # Arrays of the fields' own dtypes too (one-step buffers): the values go to
+            # the storage in its field order, with no dict and no per-field match.
+            exact = (
+                self.n_steps == 1
+                and obs.dtype is self._obs_dtype
+                and next_obs.dtype is self._obs_dtype
+                and action.dtype is self._action_dtype
+                and reward.dtype is _FLOAT32
+            )
             if n_rows == _ONE:  # one env: one transition of its values, the cheapest add
                 flag = done.item()
                 timeout = self.handle_timeout_termination and bool(
                     infos[0].get("TimeLimit.truncated", False)
                 )
+                if exact:
+                    r = reward.item()
+                    values = [obs[0], action[0], r, next_obs[0], flag, timeout]
+                    if self._buffer._add_exact(values, -1, r) is not None:
+                        return
                 one_row: dict[str, Any] = {
                     "obs": obs[0], "next_obs": next_obs[0], "action": action[0],
                     "reward": reward.item(),  # checked and cast as its array would be
@@ -671,6 +692,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                     one_row["truncated"] = flag and timeout
                 self._buffer.add(one_row)
                 return
+            if exact:  # a vector step, one row per env
+                timeouts = (
+                    self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
+                )
+                values = [obs, action, reward, next_obs, done, timeouts]
+                if self._buffer._add_exact(values, self.n_envs, reward) is not None:
+                    return
             row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
             self._add_rows(row, done, infos)
             return
