@@ -31,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -125,7 +126,7 @@ def _sb3_adds() -> dict[str, Callable[[], object]]:
     for n_envs in (1, 4):
         obs = rng.standard_normal((n_envs, 4)).astype(np.float32)
         nxt = rng.standard_normal((n_envs, 4)).astype(np.float32)
-        act = rng.integers(0, 2, (n_envs, 1))
+        act = rng.integers(0, 2, n_envs)  # Discrete actions as SB3's DQN passes them
         rew = rng.standard_normal(n_envs).astype(np.float32)
         done = np.zeros(n_envs, dtype=bool)
         infos: list[dict[str, object]] = [{} for _ in range(n_envs)]
@@ -133,9 +134,14 @@ def _sb3_adds() -> dict[str, Callable[[], object]]:
         drop = DropIn(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs, seed=0)
         sb3 = ReplayBuffer(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs)
         envs = "one env" if n_envs == 1 else f"{n_envs} envs"
-        out[f"SB3 drop-in add, {envs}"] = lambda b=drop, s=step: b.add(*s)
-        out[f"SB3's own ReplayBuffer.add, {envs} (the reference)"] = lambda b=sb3, s=step: b.add(*s)
+        out[f"SB3 drop-in add, {envs}"] = _adding(drop, step)
+        out[f"SB3's own ReplayBuffer.add, {envs} (the reference)"] = _adding(sb3, step)
     return out
+
+
+def _adding(buffer: Any, step: tuple[Any, ...]) -> Callable[[], object]:
+    """A call of ``buffer.add(*step)``."""
+    return lambda: buffer.add(*step)
 
 
 def worker(calls: int) -> None:

@@ -60,7 +60,7 @@ def cases() -> dict[str, tuple[Callable[[], object], str]]:
         sb3 = SB3Buffer(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs)
         drop = DropIn(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs, seed=0)
         o = rng.standard_normal((n_envs, 4)).astype(np.float32)
-        a = rng.integers(0, 2, (n_envs, 1))
+        a = rng.integers(0, 2, n_envs)  # Discrete actions as SB3's DQN passes them
         r = rng.standard_normal(n_envs).astype(np.float32)
         d = np.zeros(n_envs, dtype=bool)
         infos: list[dict[str, object]] = [{} for _ in range(n_envs)]

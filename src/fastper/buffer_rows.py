@@ -201,24 +201,32 @@ class RowsMixin(SamplingMixin):
                 return None  # the general path names the row
         return self._store_direct(rows, values, k)
 
-    def _add_exact(self, values: list[Any], k: int, rewards: Any) -> np.ndarray | None:
+    def _add_exact(
+        self, values: list[Any], k: int, rewards: Any, names: tuple[str, ...]
+    ) -> np.ndarray | None:
         """``add`` of rows a front end built itself, where its call shape fixes the
         fields (the SB3 drop-in); None: not here (take :meth:`add`, which changes
         nothing before it has checked everything).
 
-        ``values``: every field's value in the storage's field order, each of the
-        field's dtype and shape (``k == -1``: one transition) or with a leading
+        ``values``: the value of each field ``names`` lists, in that order, each of
+        the field's dtype and shape (``k == -1``: one transition) or with a leading
         dimension of ``k`` rows, or of a dtype that converts exactly (bool flags into
         a float column); the caller has checked them, so there is no dict to read
-        and no per-field match. ``rewards``: the reward value(s), checked finite as
-        :meth:`add` checks them. The rest is :meth:`_add_direct`'s: a buffer in its
-        common state, rows that fit before the ring's end.
+        and no per-field match. ``names`` must be the storage's field order (a
+        loaded file may have another: None then). ``rewards``: the reward value(s),
+        checked finite as :meth:`add` checks them. The rest is
+        :meth:`_add_direct`'s: a buffer in its common state, rows that fit before
+        the ring's end.
         """
         with self._lock:
             if self._nstep is not None:
                 return None
             rows = self._rows_now()
-            if rows is None or self._writer.cursor + (1 if k == -1 else k) > self._capacity:
+            if (
+                rows is None
+                or rows.names != names
+                or self._writer.cursor + (1 if k == -1 else k) > self._capacity
+            ):
                 return None
             if self._reward_check is not None and not _finite(rewards):
                 return None  # the general path names the row

@@ -378,7 +378,9 @@ class DirectRows:
     over the fields and no per-field tuple to unpack.
     """
 
-    __slots__ = ("columns", "columns_by_one", "count", "entries", "capacity", "match", "write")
+    __slots__ = (
+        "columns", "columns_by_one", "count", "entries", "names", "capacity", "match", "write",
+    )  # fmt: skip
 
     #: ``match(transition)``: the values in field order and the row count, or
     #: ``None`` (take the general path). A value of the field's shape is one
@@ -415,6 +417,8 @@ class DirectRows:
             exact = frozenset(d for d in _NUMERIC if np.can_cast(d, dt, casting="safe"))
             entries.append((name, f.shape, (1, *f.shape), exact, dt.type, kind, lo, hi, dt))
         self.entries = tuple(entries)
+        #: the fields, in the order of :meth:`match`'s values and :meth:`write`'s columns
+        self.names = tuple(fields)
         facts: dict[str, Any] = {
             "ndarray": np.ndarray, "cap": capacity, "EXACT_INT": _EXACT_INT,
             "INFS": (math.inf, -math.inf),

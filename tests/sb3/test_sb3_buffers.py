@@ -318,7 +318,8 @@ def test_the_common_add_stores_and_refuses_what_the_general_add_does(
     for step in range(60):
         obs = rng.standard_normal((n_envs, 3)).astype(np.float32)
         nxt = rng.standard_normal((n_envs, 3)).astype(np.float32)
-        action = rng.integers(0, 3, (n_envs, 1))
+        # Discrete actions as SB3's buffer stores them, or as its DQN passes them
+        action = rng.integers(0, 3, (n_envs, 1) if step % 3 else n_envs)
         # float64 rewards are cast to the float32 column, as SB3's buffer does
         reward = rng.standard_normal(n_envs).astype(np.float32 if step % 2 else np.float64)
         done = rng.random(n_envs) < 0.3
@@ -359,6 +360,46 @@ def test_the_common_add_stores_and_refuses_what_the_general_add_does(
         for buf in (fast, slow):
             buf.add(obs, obs, act, rew, done, None)
         _same(fast.fastper_buffer.state_dict(), slow.fastper_buffer.state_dict())
+
+
+def test_the_shortest_add_follows_a_loaded_field_order_and_refuses_odd_flags(tmp_path) -> None:
+    """The add of arrays in the stored dtypes writes the storage by field order: a
+    file that holds the fields in another order is loaded with its own, and adds
+    after it store each value in its field, as the general way does. Time-limit
+    flags that are not one per env are refused with the general way's error, and
+    change nothing, even on a full ring."""
+    obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
+    kw = {"device": "cpu", "seed": 0}
+    ours = PrioritizedReplayBuffer(8, obs_space, act_space, **kw)
+    fields = ours.fastper_buffer.storage.fields
+    order = ["next_obs", "action", "reward", "obs", "timeout", "done"]
+    other = fastper.PrioritizedReplayBuffer(8, {k: fields[k] for k in order}, seed=0)
+    other.save(tmp_path / "other.fpk")
+    ours.load(tmp_path / "other.fpk")
+    assert list(ours.fastper_buffer.storage.fields) == order
+    obs, nxt = np.full((1, 3), 1, np.float32), np.full((1, 3), 2, np.float32)
+    ours.add(obs, nxt, np.array([[1]]), np.array([0.5], np.float32), np.array([True]),
+             [{"TimeLimit.truncated": False}])  # fmt: skip
+    row = ours.fastper_buffer.storage.gather(np.array([0]))
+    np.testing.assert_array_equal(row["obs"], obs)
+    np.testing.assert_array_equal(row["next_obs"], nxt)
+    assert (row["action"][0, 0], row["reward"][0], row["done"][0], row["timeout"][0]) == (
+        1, 0.5, 1.0, 0.0
+    )
+
+    vec = PrioritizedReplayBuffer(8, obs_space, act_space, n_envs=2, **kw)
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # a full ring: 4 rows of 2 envs
+        vec.add(rng.standard_normal((2, 3)).astype(np.float32),
+                rng.standard_normal((2, 3)).astype(np.float32), rng.integers(0, 3, 2),
+                rng.standard_normal(2).astype(np.float32), np.zeros(2, bool), [{}, {}])  # fmt: skip
+    assert vec.full
+    before = vec.fastper_buffer.state_dict()
+    odd = [{"TimeLimit.truncated": np.array([True])}, {"TimeLimit.truncated": np.array([False])}]
+    with pytest.raises(ValueError, match="timeout"):
+        vec.add(np.full((2, 3), 9, np.float32), np.full((2, 3), 9, np.float32),
+                np.ones((2, 1), np.int64), np.full(2, 5, np.float32), np.ones(2, bool), odd)  # fmt: skip
+    _same(vec.fastper_buffer.state_dict(), before)
 
 
 def test_sampling_an_empty_buffer() -> None:

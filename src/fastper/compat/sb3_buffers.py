@@ -153,6 +153,9 @@ _FLAGS = (_flag(False), _flag(True))
 _NDARRAY = np.ndarray
 _BOOL = np.dtype(np.bool_)
 _FLOAT32 = np.dtype(np.float32)
+#: the fields of a one-step buffer of one observation array, in the order add()
+#: hands their values to the storage (a loaded file may hold them in another)
+_SB3_ORDER = ("obs", "action", "reward", "next_obs", "done", "timeout")
 _ONE = (1,)
 
 
@@ -377,8 +380,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # the field order that way writes in
         self._obs_dtype = None if is_dict else fields["obs"].dtype
         self._action_dtype = fields["action"].dtype
-        if not is_dict and n_steps == 1:
-            assert list(fields) == ["obs", "action", "reward", "next_obs", "done", "timeout"]
+        self._exact_order = not is_dict and n_steps == 1
+        if self._exact_order:
+            assert tuple(fields) == _SB3_ORDER
+        # one-dimensional actions SB3's algorithms pass (DQN: Discrete as (n_envs,))
+        self._flat_actions = (n_envs,) if self.action_dim == 1 else None
 
     @staticmethod
     def _norm_arg(scheme: str, weight_norm: str) -> dict[str, str]:
@@ -650,7 +656,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             and type(next_obs) is _NDARRAY
             and next_obs.shape == plain
             and type(action) is _NDARRAY
-            and action.shape == self._action_rows
+            and (action.shape == self._action_rows or action.shape == self._flat_actions)
             and type(reward) is _NDARRAY
             and reward.shape == n_rows
             and reward.dtype.kind in "fiub"  # (numbers: others are refused below)
@@ -659,12 +665,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             and done.shape == n_rows
             and (not self.handle_timeout_termination or len(infos) == self.n_envs)
         ):
-            # The most frequent call: arrays of exactly the shapes SB3's VecEnv gives,
+            # The most frequent call: arrays of exactly the shapes SB3's VecEnv gives
+            # (one-dimensional actions: SB3's DQN passes Discrete actions as (n_envs,)),
             # bool dones. The rows, and the values refused, are the general way's below.
             # Arrays of the fields' own dtypes too (one-step buffers): the values go to
             # the storage in its field order, with no dict and no per-field match.
             exact = (
-                self.n_steps == 1
+                self._exact_order
                 and obs.dtype is self._obs_dtype
                 and next_obs.dtype is self._obs_dtype
                 and action.dtype is self._action_dtype
@@ -675,13 +682,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 timeout = self.handle_timeout_termination and bool(
                     infos[0].get("TimeLimit.truncated", False)
                 )
+                # the env's action, of the field's shape (action_dim,): a flat (1,) is
+                act = action[0] if action.shape == self._action_rows else action
                 if exact:
                     r = reward.item()
-                    values = [obs[0], action[0], r, next_obs[0], flag, timeout]
-                    if self._buffer._add_exact(values, -1, r) is not None:
+                    values = [obs[0], act, r, next_obs[0], flag, timeout]
+                    if self._buffer._add_exact(values, -1, r, _SB3_ORDER) is not None:
                         return
                 one_row: dict[str, Any] = {
-                    "obs": obs[0], "next_obs": next_obs[0], "action": action[0],
+                    "obs": obs[0], "next_obs": next_obs[0], "action": act,
                     "reward": reward.item(),  # checked and cast as its array would be
                 }  # fmt: skip
                 if self.n_steps == 1:
@@ -692,12 +701,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                     one_row["truncated"] = flag and timeout
                 self._buffer.add(one_row)
                 return
+            if action.shape != self._action_rows:  # flat: one action per env
+                action = action.reshape(self._action_rows)
             if exact:  # a vector step, one row per env
                 timeouts = (
                     self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
                 )
                 values = [obs, action, reward, next_obs, done, timeouts]
-                if self._buffer._add_exact(values, self.n_envs, reward) is not None:
+                if (  # (flags of another shape: the general way refuses them)
+                    timeouts.shape == n_rows
+                    and self._buffer._add_exact(values, self.n_envs, reward, _SB3_ORDER)
+                    is not None
+                ):
                     return
             row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
             self._add_rows(row, done, infos)
