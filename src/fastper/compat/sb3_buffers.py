@@ -682,7 +682,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 timeout = self.handle_timeout_termination and bool(
                     infos[0].get("TimeLimit.truncated", False)
                 )
-                # the env's action, of the field's shape (action_dim,): a flat (1,) is
+                # the env's action in the field's shape (action_dim,): a flat (1,) already is
                 act = action[0] if action.shape == self._action_rows else action
                 if exact:
                     r = reward.item()
