@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime as dt
+import gc
 import os
 import platform
 import re
@@ -48,7 +49,7 @@ def _room(rows: int) -> int:
 
 def _operations(calls: int) -> dict[str, Callable[[], object]]:
     """The operations, each a call on its own buffer built here (a fixed seed), for a
-    worker that calls each ``6 * calls`` times."""
+    worker that calls each ``7 * calls`` times."""
     import numpy as np
 
     import fastper
@@ -77,17 +78,21 @@ def _operations(calls: int) -> dict[str, Callable[[], object]]:
     # one env step as an env loop has it: float32 observations, Python numbers
     one = {"obs": np.array([0.1, -0.2, 0.3, 0.0], np.float32), "action": 1, "reward": 1.0,
            "next_obs": np.array([0.2, -0.1, 0.3, 0.1], np.float32), "done": 0.0}  # fmt: skip
-    # room for every add the worker makes (6 * calls of each: warm-up, then the
+    # room for every add the worker makes (7 * calls of each: warm-ups, then the
     # two counted loops): no batch wraps round the ring
-    adder = fastper.PrioritizedReplayBuffer(_room(6 * calls * (1 + 256 + 1024)), fields, seed=0)
+    adder = fastper.PrioritizedReplayBuffer(_room(7 * calls * (1 + 256 + 1024)), fields, seed=0)
     r256, r1024 = rows(256), rows(1024)
-    nstep = fastper.PrioritizedReplayBuffer(
-        CAPACITY, {**{k: v for k, v in fields.items() if k != "done"},
-                   "terminated": ((), np.bool_), "truncated": ((), np.bool_)},
-        n_step=3, gamma=0.99, seed=0,
-    )  # fmt: skip
+    flagged = {**{k: v for k, v in fields.items() if k != "done"},
+               "terminated": ((), np.bool_), "truncated": ((), np.bool_)}  # fmt: skip
+    nstep = fastper.PrioritizedReplayBuffer(CAPACITY, flagged, n_step=3, gamma=0.99, seed=0)
     step = {**{k: v for k, v in one.items() if k != "done"},
             "terminated": np.False_, "truncated": np.False_}  # fmt: skip
+    # a 4-env vector step, n-step and plain (the same fields: the n-step reference)
+    vec = fastper.PrioritizedReplayBuffer(CAPACITY, flagged, n_step=3, gamma=0.99, n_envs=4,
+                                          seed=0)  # fmt: skip
+    plain, plain_one = (fastper.PrioritizedReplayBuffer(CAPACITY, flagged, seed=0) for _ in "ab")
+    r4 = {**{k: v for k, v in rows(4).items() if k != "done"},
+          "terminated": np.zeros(4, bool), "truncated": np.zeros(4, bool)}  # fmt: skip
 
     def learner_step() -> None:
         s = learner.sample(B)
@@ -98,6 +103,9 @@ def _operations(calls: int) -> dict[str, Callable[[], object]]:
         "add, 256 rows": lambda: adder.add(r256),
         "add, 1024 rows": lambda: adder.add(r1024),
         "n-step add (n=3), one transition": lambda: nstep.add(step),
+        "add, one transition (the n-step fields)": lambda: plain_one.add(step),
+        "n-step add (n=3), 4-env vector step": lambda: vec.add(r4),
+        "add, 4 rows (the n-step fields)": lambda: plain.add(r4),
         **_sb3_adds(),
         f"gather of {B} rows (Storage.gather)": lambda: storage.gather(idx),
         f"sample({B})": lambda: sampler.sample(B),
@@ -152,7 +160,16 @@ def worker(calls: int) -> None:
             fn()  # there, and llvmlite's own callbacks would toggle the count
     callback = ctypes.CFUNCTYPE(None)
     keep = []
+    # no cyclic collection inside a count: one would land in a loop at random (its
+    # cost grows with the heap, not with the operation)
+    gc.collect()
+    gc.disable()
     for fn in ops.values():
+        # warmed again right before its count: the interpreter's specialised code,
+        # tuned to the operation run before, takes hundreds of calls to settle, and
+        # the first count would carry them
+        for _ in range(calls):
+            fn()
         for n in (calls, 2 * calls):
 
             def loop(fn: Callable[[], object] = fn, n: int = n) -> None:
@@ -161,6 +178,7 @@ def worker(calls: int) -> None:
 
             keep.append(callback(loop))
             keep[-1]()
+    gc.enable()
     print("\n".join(ops))
 
 

@@ -268,8 +268,9 @@ class RowsMixin(SamplingMixin):
         The general path's rules and order (the completed rows stored, then the
         windows committed) without its numpy batches: steps of known streams,
         values :class:`~fastper.storage.DirectRows` matches, finite rewards, no
-        episode end (see :meth:`fastper.nstep.NStepWriter.prepare_row` and
-        :meth:`~fastper.nstep.NStepWriter.prepare_lockstep`).
+        episode end (see :attr:`fastper.nstep.NStepWriter.row_step`,
+        :meth:`~fastper.nstep.NStepWriter.prepare_row` and
+        :attr:`~fastper.nstep.NStepWriter.lockstep_step`).
         """
         nstep = self._nstep
         assert nstep is not None
@@ -283,8 +284,12 @@ class RowsMixin(SamplingMixin):
         if matched is None:
             return None
         values, k = matched
+        check = self._reward_check is not None
         if k == -1:  # one env's step (the most frequent call)
-            step = nstep.prepare_row(values, env_ids, self._reward_check is not None)
+            slots = nstep.row_step(nstep, values, env_ids, check, self._store_direct, rows)
+            if slots is not None:  # a complete window: the storage and the window written
+                return slots
+            step = nstep.prepare_row(values, env_ids, check)
             if step is None:
                 return None
             if step[0] is None:  # the step waits in its window: nothing stored yet
@@ -296,16 +301,7 @@ class RowsMixin(SamplingMixin):
         # a vector step
         if env_ids is not None or self._writer.cursor + k > self._capacity:
             return None
-        step = nstep.prepare_lockstep(values, k, self._reward_check is not None)
-        if step is None:
-            return None
-        out, apply = step
-        if out is None:  # the steps wait in their windows: nothing stored yet
-            nstep.commit_lockstep(apply)
-            return np.empty(0, dtype=np.int64)
-        slots = self._store_direct(rows, out, k)
-        nstep.commit_lockstep(apply)
-        return slots
+        return nstep.lockstep_step(nstep, values, k, check, self._store_direct, rows)
 
     def _new_run(self, start: int, count: int, priority: float) -> None:
         """Give ``count`` new slots from ``start`` (no wrap) their shared priority.

@@ -47,9 +47,12 @@ arrays: one per field a transition takes from its first step (not
 ``next_obs`` nor the flags, which come from the step completing the window)
 and the reward in float64. They grow by doubling when a new stream appears.
 An add of ``k`` rows completing ``m`` transitions costs O(k + m n) in a
-compiled kernel and a constant number of numpy calls per field; one row of a
-known stream that ends nothing takes an O(n) Python path. No Python loop runs
-over rows. Memory: ``w * (bytes of those fields + 8 * reward size) + 40``
+compiled kernel and a constant number of numpy calls per field. The most
+frequent adds build no batches: one row of a known stream that ends nothing
+(O(n)), and a vector step with every env at one pending length and no
+episode end (one compiled call sums the returns; O(k n)), run as
+straight-line Python written for the writer's fields, with the kernel's
+sums (the same bits). No Python loop runs over rows. Memory: ``w * (bytes of those fields + 8 * reward size) + 40``
 bytes per stream. Streams are never forgotten (``clear`` empties their
 windows and keeps them), so millions of distinct ids cost memory; ids have no
 other limit (any int64 >= 0).
@@ -59,12 +62,13 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import numpy as np
 
+from ._codegen import specialise
 from ._kernels import nstep as _nk
 from ._validation import check_int, check_real, show, to_numpy
 from .storage import Field
@@ -130,6 +134,151 @@ _ONE, _DROP, _BATCH = 0, 1, 2
 # how an output field is filled: from the completing row, from the first
 # step's row, the return, the discount
 _LAST, _FIRST, _RETURN, _DISCOUNT = 0, 1, 2, 3
+#: a complete window's return is summed in straight-line code up to this many
+#: pending steps, in a loop beyond
+_UNROLL = 8
+
+
+def _return_lines(w: int, indent: str) -> list[str]:
+    """Source that leaves in ``acc`` the return of a complete window (``w`` pending
+    steps) of the stream whose ring starts at row ``base``, closed by a step of
+    ``reward`` (a float), for a clock of ``clock``: ``sum_j gamma^j r_j``, oldest
+    first, in float64, in the compiled kernel's order (the same bits). Reads
+    ``RITEM`` (the reward ring's ``item``) and ``G`` / ``G0``.. (``gamma ** j``).
+    The ring's oldest pending step sits at ``(clock - w) % w == clock % w``."""
+    if w > _UNROLL:
+        return [
+            f"{indent}acc = 0.0",
+            f"{indent}for j in range({w}):",
+            f"{indent}    acc += G[j] * RITEM(base + (clock + j) % {w})",
+            f"{indent}acc += G[{w}] * reward",
+        ]
+    lines = [f"{indent}acc = 0.0 + G0 * RITEM(base + clock % {w})"]
+    lines += [f"{indent}acc += G{j} * RITEM(base + (clock + {j}) % {w})" for j in range(1, w)]
+    return [*lines, f"{indent}acc += G{w} * reward"]
+
+
+def _return_source(w: int) -> str:
+    """The source of ``window_return(base, clock, reward)``: :func:`_return_lines`."""
+    return "\n".join(["def window_return(base, clock, reward):", *_return_lines(w, "    "),
+                      "    return acc"]) + "\n"  # fmt: skip
+
+
+def _row_source(
+    count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
+    by_id: bool,
+) -> str:  # fmt: skip
+    """The source of ``window_return`` and ``row_step`` for one writer layout (see
+    :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields' and
+    episode-end flags' positions among them, the reward's, ``w == n - 1``, and
+    whether int ``env_ids`` name the stream (no ``n_envs``)."""
+    values = ", ".join(f"v{i}" for i in range(count))
+    out = []
+    for i in range(count):
+        if i in win_pos:
+            out.append(f"WIN{win_pos.index(i)}[at]")  # the window's oldest step: copied first
+        else:
+            out.append("acc" if i == reward_pos else f"v{i}")
+    lines = _return_source(w).splitlines()
+    lines += [
+        "",
+        "def row_step(S, values, env_ids, check_reward, store, rows):",
+        "    if env_ids is None:",
+        "        r = S._row_of.get(0)",
+    ]
+    if by_id:
+        lines += [
+            "    elif type(env_ids) is int and 0 <= env_ids < 9223372036854775808:",
+            "        r = S._row_of.get(env_ids)",
+        ]
+    lines += [
+        "    else:",
+        "        return None",
+        "    if r is None:",
+        "        return None  # a new stream",
+        f"    {values}, = values",
+    ]
+    if flag_pos:
+        lines += [f"    if {' or '.join(f'v{p}' for p in flag_pos)}:", "        return None"]
+    lines += [
+        "    clock, length, skip, _ = META[r].tolist()",
+        f"    if skip or length != {w}:",
+        "        return None  # a dropped row, or a window not yet complete",
+        f"    reward = float(v{reward_pos}) if type(v{reward_pos}) is RTYPE else "
+        f"float(RTYPE(v{reward_pos}))",
+        "    if check_reward and not isfinite(reward):",
+        "        return None  # the general path names the row",
+        f"    base = r * {w}",
+        f"    at = base + clock % {w}",
+        *_return_lines(w, "    "),
+        f"    slots = store(rows, [{', '.join(out)}, DISC], -1)",
+        *(f"    WIN{j}[at] = v{p}" for j, p in enumerate(win_pos)),
+        "    RFLAT[at] = reward",
+        "    META[r, CLOCK] = clock + 1",
+        "    S._version += 1",
+        "    return slots",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+#: a vector step reads and writes its windows through views made ahead for every
+#: ring row, up to rings of this many rows (slices beyond)
+_VIEW_ROWS = 64
+
+
+def _lockstep_source(
+    count: int, win_pos: tuple[int, ...], end_pos: tuple[int, int], reward_pos: int, views: bool
+) -> str:
+    """The source of ``lockstep_step`` for one writer layout (see
+    :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields'
+    positions among them, the two episode-end flags' (-1: no such field), the
+    reward's; ``views``: the windows' rows at ring row ``at`` are read and
+    written through views made ahead (``AT{j}[at]``, ``RAT[at]``; cheaper than
+    slicing) rather than as slices of ``WIN{j}`` / ``RWIN3``."""
+    values = ", ".join(f"v{i}" for i in range(count))
+    win = [f"AT{j}[at]" if views else f"WIN{j}[:k, at]" for j in range(len(win_pos))]
+    out = []
+    for i in range(count):
+        if i in win_pos:
+            out.append(win[win_pos.index(i)])  # the oldest steps: copied before the writes
+        else:
+            out.append("ret" if i == reward_pos else f"v{i}")
+    term, trunc = (f"v{p}" if p >= 0 else "NO_ENDS" for p in end_pos)
+    put = "[...] = " if views else " = "
+    rewards = "RAT[at]" if views else "RWIN3[:k, at, 0]"
+    return "\n".join([
+        "def lockstep_step(S, values, k, check_reward, store, rows):",
+        "    if k != N_ENVS or S._n_rows != k:",
+        "        return None  # the streams are not registered yet",
+        f"    {values}, = values",
+        f"    if v{reward_pos}.dtype is F16:",
+        "        return None  # (the kernel has no float16: the general path widens it)",
+        "    ret = empty(k)",
+        f"    code, clock, length = LOCKSTEP(META, k, N, W, {term}, {trunc}, v{reward_pos}, "
+        "RWIN, GPOW, check_reward, ret)",
+        "    if code < 0:",
+        "        return None  # out of step, an episode end, a non-finite reward",
+        "    at = clock % W  # where this step waits: the oldest step's place when full",
+        "    if code:  # every env's window completes",
+        f"        slots = store(rows, [{', '.join(out)}, DISC], k)",
+        "    else:",
+        "        slots = empty(0, INT64)",
+        *(f"    {win[j]}{put}v{p}" for j, p in enumerate(win_pos)),
+        f"    {rewards}{put}v{reward_pos}",
+        "    CLOCKS.fill(clock + 1)",
+        "    if not code:",
+        "        LENGTHS.fill(length + 1)",
+        "        S._n_pending += k",
+        "        S._max_len = max(S._max_len, length + 1)",
+        "    S._version += 1",
+        "    return slots",
+    ]) + "\n"  # fmt: skip
+
+
+def _no_step(*args: Any) -> None:
+    """The specialised step of a writer whose fields have none: always None (take
+    the general path)."""
+    return None
 
 
 class NStepWriter:
@@ -239,24 +388,23 @@ class NStepWriter:
             # the kernel writes returns in the field's dtype where numba can
             f32_64 = rfield.dtype in (np.float32, np.float64)
             self._rdtype = rfield.dtype if f32_64 else np.dtype(np.float64)
-        # the one-row path on matched values (prepare_row): positions in the input's
-        # field order, and whether this writer's fields allow it
+        # the one-row paths on matched values (row_step, prepare_row): positions in
+        # the input's field order, and whether this writer's fields allow them
         pos = {name: i for i, name in enumerate(self.fields)}
         self._flag_pos = tuple(pos[key] for key, _ in self._flags)
         self._win_pos = tuple(pos[f] for f in self._window_keys)
         self._reward_pos = -1 if self.reward_key is None else pos[self.reward_key]
         rf = None if self.reward_key is None else self.fields[self.reward_key]
         self._reward_type: Any = None if rf is None else rf.dtype.type
-        # the vector-step path (prepare_lockstep): every env at one pending length
+        # the vector-step path (lockstep_step): every env at one pending length
         self._lockstep_ok = (
             self.n_envs is not None and self.n_envs > 1 and self.n > 1 and self._scalar_reward
             and rf is not None and rf.dtype.kind == "f" and self.autoreset is None
             and all(scalar for _, scalar in self._flags)
         )  # fmt: skip
-        self._no_ends = np.zeros(0, dtype=np.bool_)  # the flags of a field not there
         # the end flags' input positions, two of them (-1: no such field)
-        self._end_pos = (*self._flag_pos, -1, -1)[:2]
-        self._disc_k = np.empty(0, dtype=np.float32)  # a full window's discount, per env
+        end_pos = (*self._flag_pos, -1, -1)
+        self._end_pos = (end_pos[0], end_pos[1])
         self._rows_direct = (
             self._tracks
             and all(scalar for _, scalar in self._flags)
@@ -274,6 +422,26 @@ class NStepWriter:
         self._dropped = 0
         self._version = 0
         self._reset_streams(4, min(self.n - 1, _RING0))
+
+    #: what :meth:`_views` derives from the windows: views of them, and the steps
+    #: specialised to them
+    _DERIVED = (
+        "_win3", "_rwin3", "_win_cols", "_win3_cols", "_rflat", "row_step", "lockstep_step",
+        "_return_fn",
+    )  # fmt: skip
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (copy.deepcopy, pickle) copies the windows, then derives its own views
+        # and steps from them: copied, a view would be an array of its own, and a step
+        # would write into the original's windows
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _frozen(self._disc_full)  # (copied arrays are writeable again)
+        for arr in self._empty_out.values():
+            _frozen(arr)
+        self._views()
 
     # -- construction helpers -------------------------------------------------
     def _arg(self, role: str) -> str:
@@ -384,6 +552,7 @@ class NStepWriter:
         self._win_cols = tuple(zip(self._win.values(), self._win_pos, strict=True))
         self._win3_cols = tuple(zip(self._win3.values(), self._win_pos, strict=True))
         self._rflat = self._rwin.reshape(-1)  # scalar rewards: one per window row
+        self._make_steps()
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -518,6 +687,8 @@ class NStepWriter:
         if nr:
             assert self.reward_key is not None
             rb = batch[self.reward_key].reshape(k, nr)
+            if rb.dtype == np.float16:  # (the kernel has no float16: widened, exactly)
+                rb = rb.astype(np.float64)
             rout = np.empty((cap_out, nr), dtype=self._rdtype)
         else:
             rb, rout = np.zeros((k, 0)), np.empty((cap_out, 0))
@@ -566,7 +737,7 @@ class NStepWriter:
         if not self._scalar_reward:
             return None
         assert self.reward_key is not None
-        acc = self._window_return(r, clock, length, float(batch[self.reward_key][0]))
+        acc = self._window_return(r, clock, float(batch[self.reward_key][0]))
         first = r * w + (clock - length) % w  # == at: copied before commit() reuses it
         out = {}
         for name, kind in self._kinds:
@@ -580,33 +751,102 @@ class NStepWriter:
                 out[name] = self._disc_full
         return NStepPlan(out, 1, 0, (_ONE, self._version, r, at, batch, clock + 1, length))
 
-    def _window_return(self, r: int, clock: int, length: int, reward: float) -> float:
-        """The return of stream ``r``'s complete window (``length == w`` pending steps
+    def _window_return(self, r: int, clock: int, reward: float) -> float:
+        """The return of stream ``r``'s complete window (``w == n - 1`` pending steps
         of scalar reward) closed by a step of ``reward``: summed in the kernel's
-        order, so the same bits. O(n)."""
+        order, so the same bits (:func:`_return_lines`). O(n)."""
+        return self._return_fn(r * self._w, clock, reward)
+
+    def _make_steps(self) -> None:
+        """:attr:`row_step`, :attr:`lockstep_step` and the window return, made for the
+        current windows (again whenever they are replaced: new streams, a load).
+
+        ``row_step(writer, values, env_ids, check_reward, store, rows)`` adds one
+        transition of a known stream whose window is complete and that ends
+        nothing; ``lockstep_step(writer, values, k, check_reward, store, rows)``
+        adds a vector step (``k == n_envs`` rows, env i = stream i) in the steady
+        state: every env at one pending length, no episode end in the step, no
+        autoreset, a scalar float reward; then every env's window completes at
+        once, or none does (while they fill). Both are straight-line code
+        specialised to the fields (:mod:`fastper._codegen`), the rules of
+        :meth:`prepare` and :meth:`commit` for these cases: ``values`` as
+        :class:`~fastper.storage.DirectRows` matched them (:attr:`fields` order,
+        storable with no cast); ``check_reward``: a non-finite reward is not
+        taken (the general path names it). Each computes the completed
+        transitions (the window's first step, the return summed as the kernel
+        sums it, this step's ``next_obs`` and flags, the discount), calls
+        ``store(rows, out, -1 or k)`` with them in :attr:`output_fields` order
+        (the storage writes them; if that raises, nothing here has changed),
+        then puts the step in the windows and returns what ``store`` returned
+        (no slots while windows fill). ``None``: not here, with nothing
+        changed (a new stream, an episode end, a dropped row, a window still
+        filling (``row_step``) or out of step (``lockstep_step``), a ring that
+        must grow, a non-finite reward, a layout without the path): take
+        :meth:`prepare_row` or :meth:`prepare`. O(k n).
+        """
         w = self._w
-        item = self._rflat.item  # a Python float: no numpy scalar in the sum
-        base, oldest = r * w, clock - length
         gp = self._gpow_list
-        acc = 0.0
-        for j in range(w):
-            acc += gp[j] * item(base + (oldest + j) % w)
-        return acc + gp[w] * reward
+        constants: dict[str, Any] = {
+            "RITEM": self._rflat.item, "G": gp, "META": self._meta, "RFLAT": self._rflat,
+            "RTYPE": self._reward_type, "DISC": self._disc_one, "CLOCK": _nk.CLOCK,
+            "isfinite": math.isfinite,
+        }  # fmt: skip
+        constants.update({f"G{j}": gp[j] for j in range(min(w, _UNROLL) + 1)})
+        source, names = _return_source(w), ["window_return"]
+        if self._rows_direct and self.n > 1 and w == self.n - 1 and self._scalar_reward:
+            source = _row_source(
+                len(self.fields), self._win_pos, self._flag_pos, self._reward_pos, w,
+                self.n_envs is None,
+            )  # fmt: skip
+            constants.update({f"WIN{j}": col for j, (col, _) in enumerate(self._win_cols)})
+            names.append("row_step")
+        functions = specialise("nstep.steps", source, constants, *names)
+        self._return_fn: Callable[[int, int, float], float] = functions[0]
+        #: the one-row step (see :meth:`_make_steps`)
+        self.row_step: Callable[..., np.ndarray | None] = (
+            functions[1] if len(functions) > 1 else _no_step
+        )
+        #: the vector step in the steady state (see :meth:`_make_steps`)
+        self.lockstep_step: Callable[..., np.ndarray | None] = _no_step
+        if self._lockstep_ok:
+            assert self.n_envs is not None
+            k = self.n_envs
+            meta, views = self._meta, w <= _VIEW_ROWS
+            lock_constants = {
+                "N_ENVS": k, "N": self.n, "W": w, "META": meta, "RWIN": self._rwin,
+                "RWIN3": self._rwin3, "GPOW": self._gpow, "LOCKSTEP": _nk.lockstep,
+                "empty": np.empty, "INT64": np.dtype(np.int64), "F16": np.dtype(np.float16),
+                "CLOCKS": meta[:k, _nk.CLOCK], "LENGTHS": meta[:k, _nk.LENGTH],
+                "NO_ENDS": _frozen(np.zeros(k, dtype=np.bool_)),
+                "DISC": _frozen(np.full(k, self._disc_full[0])),
+            }  # fmt: skip
+            for j, (col3, _) in enumerate(self._win3_cols):
+                lock_constants[f"WIN{j}"] = col3
+                if views:
+                    lock_constants[f"AT{j}"] = tuple(col3[:k, at] for at in range(w))
+            if views:
+                lock_constants["RAT"] = tuple(self._rwin3[:k, at, 0] for at in range(w))
+            source = _lockstep_source(
+                len(self.fields), self._win_pos, self._end_pos, self._reward_pos, views
+            )
+            (self.lockstep_step,) = specialise(
+                "nstep.lockstep_step", source, lock_constants, "lockstep_step"
+            )
 
     def prepare_row(
         self, values: list[Any], env_ids: Any, check_reward: bool
     ) -> tuple[list[Any] | None, tuple[Any, ...]] | None:
         """:meth:`prepare` for one transition of a known stream that ends nothing, as
-        plain values; ``None``: take :meth:`prepare` (which checks everything).
+        plain values, where :attr:`row_step` does not take it: a window still
+        filling, or ``n == 1`` (autoreset only); ``None``: take :meth:`prepare`
+        (which checks everything). A complete window is :attr:`row_step`'s.
 
         ``values``: one row in :attr:`fields` order, each as
         :class:`~fastper.storage.DirectRows` matched it (of the field's shape,
         storable with no cast). ``check_reward``: a row whose reward is not finite
         takes :meth:`prepare` (the buffer refuses it there, naming it). Returns
-        the completed transition's values in
-        :attr:`output_fields` order (None when nothing completes; window values
-        may be views, to be stored before :meth:`commit_row`) and what
-        :meth:`commit_row` applies. Pure. O(n).
+        the completed transition's values in :attr:`output_fields` order (None
+        when nothing completes) and what :meth:`commit_row` applies. Pure. O(1).
         """
         if not self._rows_direct:
             return None
@@ -639,18 +879,9 @@ class NStepWriter:
             out = [*values, disc] if self.discount_field else list(values)
             return out, (self._version, r, -1, values, 0.0, clock + 1, False)
         at = r * w + clock % w  # where this row waits
-        if length + 1 < n:
-            if length + 1 > w:
-                return None  # the ring must grow first
+        if length + 1 < n and length + 1 <= w:  # (longer than w: the ring must grow first)
             return None, (self._version, r, at, values, reward, clock + 1, True)
-        # the output fields are the input's, then the discount: the row itself, with
-        # the window's first step's fields (the oldest step: where this row goes)
-        out = values.copy()
-        for col, p in self._win_cols:
-            out[p] = col[at]
-        out[rp] = self._window_return(r, clock, length, reward)
-        out.append(disc)
-        return out, (self._version, r, at, values, reward, clock + 1, False)
+        return None
 
     def commit_row(self, apply: tuple[Any, ...]) -> None:
         """Apply what :meth:`prepare_row` returned. O(fields).
@@ -670,71 +901,6 @@ class NStepWriter:
             self._advance(r, clock, int(self._meta[r, _nk.LENGTH]) + 1)
         else:
             self._meta[r, _nk.CLOCK] = clock
-
-    def prepare_lockstep(
-        self, values: list[Any], k: int, check_reward: bool
-    ) -> tuple[list[Any] | None, tuple[Any, ...]] | None:
-        """:meth:`prepare` for a vector step (``n_envs`` rows) in the steady state, as
-        :meth:`prepare_row` for one row; ``None``: take :meth:`prepare`.
-
-        The steady state: every env known and at one pending length (no episode
-        ended out of step with the others), no episode end in this step, no
-        autoreset, a scalar reward. Then every env completes its window at once
-        (or none does), and each step is a few numpy operations over the envs:
-        the completed transitions' first steps are one slice of the windows,
-        their returns summed in the kernel's order (the same bits). ``values``:
-        the step as :class:`~fastper.storage.DirectRows` matched it (``k`` rows
-        of each field, storable with no cast); ``check_reward`` as in
-        :meth:`prepare_row`. Pure. O(k n).
-        """
-        if not self._lockstep_ok or k != self.n_envs or self._n_rows != k:
-            return None
-        no_ends = self._no_ends
-        if no_ends.shape[0] != k:
-            no_ends = self._no_ends = np.zeros(k, dtype=np.bool_)
-        p0, p1 = self._end_pos
-        rb = values[self._reward_pos]
-        ret = np.empty(k)
-        w = self._w
-        code, clock, length = _nk.lockstep(
-            self._meta, k, self.n, w, no_ends if p0 < 0 else values[p0],
-            no_ends if p1 < 0 else values[p1], rb, self._rwin, self._gpow, check_reward, ret,
-        )  # fmt: skip
-        if code < 0:
-            return None
-        at = clock % w  # where this step waits: the oldest step's place when full
-        if code == 0:
-            return None, (self._version, at, values, rb, clock + 1, length + 1)
-        out = values.copy()
-        for col3, p in self._win3_cols:
-            out[p] = col3[:k, at]
-        out[self._reward_pos] = ret
-        disc = self._disc_k
-        if disc.shape[0] != k:
-            disc = self._disc_k = _frozen(np.full(k, self._disc_full[0]))
-        out.append(disc)
-        return out, (self._version, at, values, rb, clock + 1, w)
-
-    def commit_lockstep(self, apply: tuple[Any, ...]) -> None:
-        """Apply what :meth:`prepare_lockstep` returned. O(k fields).
-
-        Raises:
-            RuntimeError: it is stale (see :meth:`commit`).
-        """
-        version, at, values, rb, clock, length = apply
-        if version != self._version:
-            raise RuntimeError("this n-step plan is stale: prepare() it again")
-        self._version += 1
-        k = self._n_rows
-        for col3, p in self._win3_cols:
-            col3[:k, at] = values[p]
-        self._rwin3[:k, at, 0] = rb
-        meta = self._meta
-        meta[:k, _nk.CLOCK] = clock
-        if length != meta[0, _nk.LENGTH]:
-            meta[:k, _nk.LENGTH] = length
-            self._n_pending += k
-            self._max_len = max(self._max_len, length)
 
     def _advance(self, r: int, clock: int, length: int) -> None:
         """Stream ``r`` after one row: its clock and pending count."""

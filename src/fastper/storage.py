@@ -14,17 +14,16 @@ the rows untouched.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ._codegen import specialise
 from ._validation import check_int, show, to_numpy
 from .errors import CapacityWarning, FieldTypeError
 
@@ -432,9 +431,9 @@ class DirectRows:
             # a long run goes through the storage's writer where it has one (records)
             columns_by_name[f"PUT{i}"] = puts[i] if puts is not None else None
         long_runs = tuple(puts[i] is not None for i in range(len(self.columns))) if puts else ()
-        self.match = _specialise("match", _match_source(self.entries), facts)
+        (self.match,) = specialise("DirectRows.match", _match_source(self.entries), facts, "match")
         write = _write_source(len(self.columns), long_runs)
-        self.write = _specialise("write", write, columns_by_name)
+        (self.write,) = specialise("DirectRows.write", write, columns_by_name, "write")
 
     def __reduce__(self) -> Any:
         # its functions write into the columns they were made for: a copy would too
@@ -553,7 +552,9 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
     lines.append(f"    {names}, = values")
     lines.append("    if k == -1:")
     lines += [f"        COL{i}[start] = v{i}" for i in range(count)]
-    lines.append("    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice")
+    lines.append(
+        "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
+    )
     lines += [f"        BY_ONE{i}[start] = v{i}" for i in range(count)]
     if not any(long_runs):
         lines.append("    else:")
@@ -568,22 +569,6 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
     lines += [f"        PUT{i}(start, v{i})" if long_runs[i] else f"        COL{i}[start:end] = v{i}"
               for i in range(count)]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(name: str, source: str) -> CodeType:
-    """``source`` compiled (buffers of one layout share the code, not the columns)."""
-    return compile(source, f"<fastper.storage.DirectRows.{name}>", "exec")
-
-
-def _specialise(name: str, source: str, constants: dict[str, Any]) -> Any:
-    """The function ``name`` defined by ``source`` (made by this module, from the
-    fields' facts only), reading ``constants`` as its globals."""
-    namespace = dict(constants)
-    exec(_compiled(name, source), namespace)  # noqa: S102
-    # (popped: the namespace is the function's globals, so keeping the function in
-    # it would be a reference cycle, and the columns would wait for the cycle GC)
-    return namespace.pop(name)
 
 
 #: rows up to this many bytes are stored as records by default (see :class:`Storage`)

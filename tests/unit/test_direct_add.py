@@ -289,17 +289,41 @@ def _window_row(rng: np.random.Generator, t: int, style: str, reward: Any, end_p
             "next_obs": obs + 1, "terminated": np.bool_(term), "truncated": np.array(trunc)}  # fmt: skip
 
 
+def _count_steps(writer: Any, name: str) -> list[int]:
+    """Count the adds the writer's specialised step ``name`` takes (``row_step`` or
+    ``lockstep_step``), through every remake of it (a load makes it again)."""
+    took = [0]
+    made = writer._make_steps
+
+    def make_counted() -> None:
+        made()
+        step = getattr(writer, name)
+
+        def counted(*args: Any) -> Any:
+            out = step(*args)
+            took[0] += out is not None
+            return out
+
+        setattr(writer, name, counted)
+
+    writer._make_steps = make_counted
+    make_counted()
+    return took
+
+
 @pytest.mark.parametrize(
     ("n", "autoreset", "reward_dtype", "n_envs"),
     [(3, None, np.float32, None), (2, "next_step", np.float64, None), (5, None, np.float64, 1),
-     (1, "next_step", np.float32, None), (40, None, np.float32, None)],
+     (1, "next_step", np.float32, None), (12, None, np.float64, None),
+     (40, None, np.float32, None)],
 )  # fmt: skip
 def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
     n: int, autoreset: Any, reward_dtype: Any, n_envs: Any
 ) -> None:
     """One row at a time, from several streams (int ``env_ids``) or one, in Python
-    numbers or numpy scalars, with episode ends, non-finite rewards (refused) and
-    a ring that wraps: the row path leaves what the general path leaves."""
+    numbers or numpy scalars, with episode ends, non-finite rewards (refused),
+    signed zeros and a ring that wraps: the row path leaves what the general path
+    leaves, bit for bit; complete windows take the specialised row step."""
     fields = {"obs": ((2,), np.float32), "action": ((), np.int64), "reward": ((), reward_dtype),
               "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
               "truncated": ((), np.bool_)}  # fmt: skip
@@ -308,6 +332,7 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
         kw["n_envs"] = n_envs
     fast, slow = PrioritizedReplayBuffer(29, fields, **kw), PrioritizedReplayBuffer(29, fields, **kw)
     slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    slow._nstep._prepare_one = lambda batch, r: None  # type: ignore[method-assign]  # the kernel's
     took = [0]
     row_path = fast._add_window_row
 
@@ -317,13 +342,17 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
         return out
 
     fast._add_window_row = counted  # type: ignore[method-assign]
+    stepped = _count_steps(fast._nstep, "row_step")
     rng = np.random.default_rng(n)
     streams = 1 if n_envs is not None else 3
     for t in range(600):
         sid = int(rng.integers(0, streams))
         env_ids = None if streams == 1 else sid
-        reward = float(rng.standard_normal()) if rng.random() > 0.02 else float("nan")
-        row = _window_row(rng, t, "python" if rng.random() < 0.5 else "numpy", reward, 0.08)
+        reward = float(rng.choice([0.0, -0.0, 1.0, rng.standard_normal()]))
+        if rng.random() < 0.02:
+            reward = float("nan")
+        end_p = 0.08 if n <= 5 else 0.015  # (longer windows: fewer ends, so they fill)
+        row = _window_row(rng, t, "python" if rng.random() < 0.5 else "numpy", reward, end_p)
         if reward != reward:
             for buf in (fast, slow):
                 with pytest.raises(ValueError, match="finite"):
@@ -332,11 +361,13 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
             np.testing.assert_array_equal(fast.add(row, env_ids=env_ids), slow.add(row, env_ids=env_ids))
         if t % 50 == 49:
             _draw_and_update_alike(fast, slow, 5)
-            _same_state(fast.state_dict(), slow.state_dict(), f"step {t}")
+            _same_bits(fast.state_dict(), slow.state_dict(), f"step {t}")
         if t == 300:  # the row path reads its windows through views: rebuilt by a load
             fast.load_state_dict(fast.state_dict())
-    _same_state(fast.state_dict(), slow.state_dict(), "end")
+    _same_bits(fast.state_dict(), slow.state_dict(), "end")
     assert took[0] > 150, "the row path must be taken"
+    if n > 1:
+        assert stepped[0] > 50, f"complete windows must take the specialised step: {stepped[0]}"
 
 
 def _same_bits(a: dict, b: dict, where: str) -> None:
@@ -356,17 +387,23 @@ def _same_bits(a: dict, b: dict, where: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "n_envs", "reward_dtype", "flags"),
-    [(3, 4, np.float32, ("terminated", "truncated")), (2, 2, np.float64, ("terminated",)),
-     (40, 3, np.float32, ("terminated", "truncated")), (5, 8, np.float32, ("done",))],
+    ("n", "n_envs", "reward_dtype", "flags", "view_rows"),
+    [(3, 4, np.float32, ("terminated", "truncated"), 64), (2, 2, np.float64, ("terminated",), 64),
+     (40, 3, np.float32, ("terminated", "truncated"), 64), (5, 8, np.float32, ("done",), 64),
+     (3, 4, np.float32, ("terminated", "truncated"), 0), (40, 3, np.float64, ("done",), 0)],
 )  # fmt: skip
 def test_vector_n_step_steps_leave_the_buffer_the_general_path_leaves(
-    n: int, n_envs: int, reward_dtype: Any, flags: tuple[str, ...]
-) -> None:
-    """Vector steps in lockstep (the compiled steady-state plan) and out of it
+    n: int, n_envs: int, reward_dtype: Any, flags: tuple[str, ...], view_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Vector steps in lockstep (the specialised steady-state step) and out of it
     (episode ends in some envs, non-finite rewards refused, a ring that wraps and
     grows): the buffer, bit for bit, is the one the general path leaves; returns
-    of signed zeros included."""
+    of signed zeros included. ``view_rows=0``: the step slices its windows
+    instead of writing through views made ahead (as for rings longer than 64)."""
+    import fastper.nstep
+
+    monkeypatch.setattr(fastper.nstep, "_VIEW_ROWS", view_rows)
     fields: dict[str, Any] = {"obs": ((2,), np.float32), "action": ((), np.int64),
                               "reward": ((), reward_dtype), "next_obs": ((2,), np.float32)}  # fmt: skip
     fields.update({f: ((), np.bool_) for f in flags})
@@ -375,15 +412,7 @@ def test_vector_n_step_steps_leave_the_buffer_the_general_path_leaves(
         kw["nstep_keys"] = {"truncated": None}
     fast, slow = PrioritizedReplayBuffer(61, fields, **kw), PrioritizedReplayBuffer(61, fields, **kw)
     slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
-    took = [0]
-    lockstep = fast._nstep.prepare_lockstep
-
-    def counted(*args: Any) -> Any:
-        out = lockstep(*args)
-        took[0] += out is not None
-        return out
-
-    fast._nstep.prepare_lockstep = counted  # type: ignore[method-assign]
+    took = _count_steps(fast._nstep, "lockstep_step")
     rng = np.random.default_rng(n + n_envs)
     for t in range(400):
         end_p = 0.0 if (t // 50) % 2 == 0 else 0.1  # long runs in lockstep, then ends
@@ -562,3 +591,31 @@ def test_a_longdouble_reward_beyond_a_double_is_finite(size: int) -> None:
     assert rewards_finite(x)
     x[-1] = np.inf
     assert not rewards_finite(x)
+
+
+@pytest.mark.parametrize("field_dtype", [np.float16, np.float32])
+def test_half_precision_rewards_in_n_step_windows(field_dtype: Any) -> None:
+    """float16 rewards, in a float16 reward field or given to a float32 one (an
+    exact conversion), one row at a time and in vector steps: stored as the
+    general path stores them (the compiled sums have no float16: it is widened
+    exactly), returns summed in float64 then cast to the field."""
+    fields = {"obs": ((2,), np.float32), "reward": ((), field_dtype),
+              "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
+              "truncated": ((), np.bool_)}  # fmt: skip
+    for n_envs in (None, 2):
+        kw: dict[str, Any] = {"n_step": 3, "gamma": 0.5, "seed": 0}
+        if n_envs is not None:
+            kw["n_envs"] = n_envs
+        fast, slow = PrioritizedReplayBuffer(64, fields, **kw), PrioritizedReplayBuffer(64, fields, **kw)
+        slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+        slow._nstep._prepare_one = lambda batch, r: None  # type: ignore[method-assign]
+        shape = () if n_envs is None else (n_envs,)
+        for t in range(12):
+            row = {"obs": np.full((*shape, 2), t, np.float32), "reward": np.full(shape, 0.25 * t, np.float16),
+                   "next_obs": np.full((*shape, 2), t + 1, np.float32),
+                   "terminated": np.full(shape, t == 8), "truncated": np.zeros(shape, bool)}  # fmt: skip
+            np.testing.assert_array_equal(fast.add(row), slow.add(row))
+        _same_bits(fast.state_dict(), slow.state_dict(), f"n_envs={n_envs}")
+        got = fast.storage.gather(np.arange(len(fast)))
+        # the first transition: rewards 0, 0.25, 0.5 -> 0 + 0.5 * 0.25 + 0.25 * 0.5
+        assert got["reward"].dtype == field_dtype and float(got["reward"][0]) == 0.25

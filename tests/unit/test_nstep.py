@@ -411,6 +411,34 @@ def test_prepare_changes_nothing_and_stale_plans_are_refused() -> None:
     assert writer.n_pending == 0 and plan.count == 5
 
 
+@pytest.mark.parametrize("copy_of", ["deepcopy", "pickle"])
+def test_a_copied_writer_steps_its_own_windows(copy_of: str) -> None:
+    """The one-row step is code specialised to a writer's arrays: a copy gets its own,
+    so a step of the copy changes the copy only, as a step of the original would."""
+    import copy
+    import pickle
+
+    writer = NStepWriter(FIELDS, 3, 0.5)
+    ep = episode([1, 2, 3, 4, 5])
+    for i in range(3):
+        add(writer, row(ep, i))  # the window is complete from the third step on
+    twin = copy.deepcopy(writer) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(writer))
+    before = writer.state_dict()
+    values = [row(ep, 3)[f] for f in FIELDS]
+    stored: list[list[Any]] = []
+
+    def store(rows: Any, out: list[Any], k: int) -> np.ndarray:
+        stored.append([np.array(v) for v in out])  # (copied: window values are views)
+        return np.arange(1)
+
+    assert twin.row_step(twin, values, None, True, store, None) is not None
+    assert state_equal(writer.state_dict(), before)  # the original is untouched
+    plan = add(writer, row(ep, 3))  # the original, stepped by the general path
+    assert state_equal(twin.state_dict(), writer.state_dict())
+    assert len(stored) == 1 and len(stored[0]) == len(plan.out) == 7
+    assert all(np.array_equal(a, plan.out[f][0]) for a, f in zip(stored[0], plan.out, strict=True))
+
+
 def test_clear_drops_windows_but_keeps_streams_and_their_autoreset_state() -> None:
     writer = NStepWriter(FIELDS, 3, 0.5, autoreset="next_step")
     add(writer, episode([1, 2], terminated_at=1), [4, 4])  # stream 4 ended: next row is a reset
