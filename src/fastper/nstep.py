@@ -52,10 +52,11 @@ frequent adds build no batches: one row of a known stream that ends nothing
 (O(n)), and a vector step with every env at one pending length and no
 episode end (one compiled call sums the returns; O(k n)), run as
 straight-line Python written for the writer's fields, with the kernel's
-sums (the same bits). No Python loop runs over rows. Memory: ``w * (bytes of those fields + 8 * reward size) + 40``
-bytes per stream. Streams are never forgotten (``clear`` empties their
-windows and keeps them), so millions of distinct ids cost memory; ids have no
-other limit (any int64 >= 0).
+sums (the same bits). No Python loop runs over rows. Memory:
+``w * (bytes of those fields + 8 * reward size) + 40`` bytes per stream.
+Streams are never forgotten (``clear`` empties their windows and keeps
+them), so millions of distinct ids cost memory; ids have no other limit
+(any int64 >= 0).
 """
 
 from __future__ import annotations
@@ -164,6 +165,23 @@ def _return_source(w: int) -> str:
                       "    return acc"]) + "\n"  # fmt: skip
 
 
+def _transition_source(
+    count: int, win_pos: tuple[int, ...], reward_pos: int, window: list[str], ret: str
+) -> tuple[str, str]:
+    """Source of a generated step's input names (``v0, v1, ..``: the ``count`` input
+    fields) and of the completed transitions' values in output order, the
+    discount last: a window field's value is its expression in ``window`` (the
+    window's oldest step, read before the step is written over it), the
+    reward's is ``ret``, every other field's is the input's."""
+    out = []
+    for i in range(count):
+        if i in win_pos:
+            out.append(window[win_pos.index(i)])
+        else:
+            out.append(ret if i == reward_pos else f"v{i}")
+    return ", ".join(f"v{i}" for i in range(count)), ", ".join([*out, "DISC"])
+
+
 def _row_source(
     count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
     by_id: bool,
@@ -172,13 +190,8 @@ def _row_source(
     :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields' and
     episode-end flags' positions among them, the reward's, ``w == n - 1``, and
     whether int ``env_ids`` name the stream (no ``n_envs``)."""
-    values = ", ".join(f"v{i}" for i in range(count))
-    out = []
-    for i in range(count):
-        if i in win_pos:
-            out.append(f"WIN{win_pos.index(i)}[at]")  # the window's oldest step: copied first
-        else:
-            out.append("acc" if i == reward_pos else f"v{i}")
+    window = [f"WIN{j}[at]" for j in range(len(win_pos))]
+    values, out = _transition_source(count, win_pos, reward_pos, window, "acc")
     lines = _return_source(w).splitlines()
     lines += [
         "",
@@ -211,7 +224,7 @@ def _row_source(
         f"    base = r * {w}",
         f"    at = base + clock % {w}",
         *_return_lines(w, "    "),
-        f"    slots = store(rows, [{', '.join(out)}, DISC], -1)",
+        f"    slots = store(rows, [{out}], -1)",
         *(f"    WIN{j}[at] = v{p}" for j, p in enumerate(win_pos)),
         "    RFLAT[at] = reward",
         "    META[r, CLOCK] = clock + 1",
@@ -235,14 +248,8 @@ def _lockstep_source(
     reward's; ``views``: the windows' rows at ring row ``at`` are read and
     written through views made ahead (``AT{j}[at]``, ``RAT[at]``; cheaper than
     slicing) rather than as slices of ``WIN{j}`` / ``RWIN3``."""
-    values = ", ".join(f"v{i}" for i in range(count))
     win = [f"AT{j}[at]" if views else f"WIN{j}[:k, at]" for j in range(len(win_pos))]
-    out = []
-    for i in range(count):
-        if i in win_pos:
-            out.append(win[win_pos.index(i)])  # the oldest steps: copied before the writes
-        else:
-            out.append("ret" if i == reward_pos else f"v{i}")
+    values, out = _transition_source(count, win_pos, reward_pos, win, "ret")
     term, trunc = (f"v{p}" if p >= 0 else "NO_ENDS" for p in end_pos)
     put = "[...] = " if views else " = "
     rewards = "RAT[at]" if views else "RWIN3[:k, at, 0]"
@@ -260,7 +267,7 @@ def _lockstep_source(
         "        return None  # out of step, an episode end, a non-finite reward",
         "    at = clock % W  # where this step waits: the oldest step's place when full",
         "    if code:  # every env's window completes",
-        f"        slots = store(rows, [{', '.join(out)}, DISC], k)",
+        f"        slots = store(rows, [{out}], k)",
         "    else:",
         "        slots = empty(0, INT64)",
         *(f"    {win[j]}{put}v{p}" for j, p in enumerate(win_pos)),
