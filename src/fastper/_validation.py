@@ -224,7 +224,10 @@ def rewards_finite(values: np.ndarray) -> bool:
         if size == 1:
             return math.isfinite(values.item())
         if size <= 8:  # a vector env's step: Python floats beat a compiled call's dispatch
-            return all(map(math.isfinite, values.ravel().tolist()))
+            floats = values.tolist() if values.ndim == 1 else values.ravel().tolist()
+            # a sum of finite values is finite unless float64 values overflow it (then
+            # each is tested); a NaN or an inf in it is not
+            return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
     flat = values.ravel()
     if (dtype == _F32 or dtype == _F64) and flat.flags.writeable:
         # one compiled pass (for the two types the kernel cache holds; a read-only

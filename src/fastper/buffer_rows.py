@@ -38,6 +38,9 @@ __all__ = ["RowsMixin"]
 #: stays O(RUN_LIMIT + log N)
 RUN_LIMIT = 1024
 _INT64 = np.dtype(np.int64)
+#: what :meth:`RowsMixin._store_direct` returns where its caller wants no slots
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_SLOTS.setflags(write=False)
 
 
 def _finite(value: Any) -> bool:
@@ -47,6 +50,10 @@ def _finite(value: Any) -> bool:
     if t is float:
         return math.isfinite(value)
     if t is np.ndarray:
+        if value.ndim == 1 and len(value) <= 8:  # a vector env's step, without a call
+            # (a sum of finite values is finite unless it overflows: then each is tested)
+            floats = value.tolist()
+            return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
         return rewards_finite(value)
     if t is int or t is bool:
         return True
@@ -201,12 +208,11 @@ class RowsMixin(SamplingMixin):
                 return None  # the general path names the row
         return self._store_direct(rows, values, k)
 
-    def _add_exact(
-        self, values: list[Any], k: int, rewards: Any, names: tuple[str, ...]
-    ) -> np.ndarray | None:
+    def _add_exact(self, values: list[Any], k: int, rewards: Any, names: tuple[str, ...]) -> bool:
         """``add`` of rows a front end built itself, where its call shape fixes the
-        fields (the SB3 drop-in); None: not here (take :meth:`add`, which changes
-        nothing before it has checked everything).
+        fields (the SB3 drop-in), without the slots (that front end has no use for
+        them); whether it stored them. False: not here (take :meth:`add`, which
+        changes nothing before it has checked everything).
 
         ``values``: the value of each field ``names`` lists, in that order, each of
         the field's dtype and shape (``k == -1``: one transition) or with a leading
@@ -220,21 +226,25 @@ class RowsMixin(SamplingMixin):
         """
         with self._lock:
             if self._nstep is not None:
-                return None
+                return False
             rows = self._rows_now()
             if (
                 rows is None
                 or rows.names != names
                 or self._writer.cursor + (1 if k == -1 else k) > self._capacity
             ):
-                return None
+                return False
             if self._reward_check is not None and not _finite(rewards):
-                return None  # the general path names the row
-            return self._store_direct(rows, values, k)
+                return False  # the general path names the row
+            self._store_direct(rows, values, k, False)
+            return True
 
-    def _store_direct(self, rows: DirectRows, values: list[Any], k: int) -> np.ndarray:
+    def _store_direct(
+        self, rows: DirectRows, values: list[Any], k: int, want_slots: bool = True
+    ) -> np.ndarray:
         """Store matched rows at the cursor (they fit before the ring's end), then
-        commit ring and priority; the slots. The tail of the no-cast adds."""
+        commit ring and priority; the slots (``want_slots=False``: an empty array,
+        where the caller discards them). The tail of the no-cast adds."""
         w = self._writer
         start = w.cursor
         n = 1 if k == -1 else k
@@ -243,7 +253,7 @@ class RowsMixin(SamplingMixin):
         w.advance(n)
         # (dtype positional, as numpy documents it: no keyword parsing; the stubs
         # know only the keyword)
-        slots = np.arange(start, start + n, 1, _INT64)  # type: ignore[call-overload]
+        slots = np.arange(start, start + n, 1, _INT64) if want_slots else _NO_SLOTS  # type: ignore[call-overload]
         run = self._run_count
         if (
             run
@@ -256,6 +266,8 @@ class RowsMixin(SamplingMixin):
             self._run_count = run + n
             return slots
         self._new_run(start, n, priority)
+        if self._current_max is not None and not want_slots:
+            slots = np.arange(start, start + n, dtype=np.int64)
         if self._current_max is not None:
             self._current_max.fix(slots)
         return slots

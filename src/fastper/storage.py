@@ -459,8 +459,8 @@ class DirectRows:
 def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     """The source of :attr:`DirectRows.match` for these fields (see there).
 
-    Field ``i``'s checks, in order: its value (the mapping itself when
-    missing); an array must have an exact dtype (``DTYPEi`` or one in
+    Every field must be there (a missing one: ``None``). Field ``i``'s checks,
+    in order: an array must have an exact dtype (``DTYPEi`` or one in
     ``EXACTi``) and the field's shape (one transition, count -1), that shape
     with a leading 1 (count 1) or a leading batch of at most ``cap``; a
     scalar field also takes a Python float (float columns: in range, NaN and
@@ -472,30 +472,20 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
         "def match(transition):",
         f"    if len(transition) != {len(entries)}:",
         "        return None",
-        "    get = transition.get",
+        "    try:",
+        *(f"        v{i} = transition[NAME{i}]" for i in range(len(entries))),
+        "    except KeyError:",
+        "        return None",
     ]
     for i, (_, shape, _, _, _, kind, _, _, dtype) in enumerate(entries):
         v = f"v{i}"
         lines += [
-            f"    {v} = get(NAME{i}, transition)",
             f"    t = type({v})",
             "    if t is ndarray:",
             f"        d = {v}.dtype",
             f"        if d is not DTYPE{i} and d not in EXACT{i}:",
             "            return None",
-            f"        s = {v}.shape",
-            f"        if s == SHAPE{i}:",
-            "            r = -1",
-            f"        elif s == ONE{i}:",
-            "            r = 1",
-            (
-                f"        elif len(s) == {len(shape) + 1} and s[1:] == SHAPE{i} and 0 < s[0] <= cap:"
-                if shape
-                else "        elif len(s) == 1 and 0 < s[0] <= cap:"  # (a scalar field's batch)
-            ),
-            "            r = s[0]",
-            "        else:",
-            "            return None",
+            *_shape_lines(v, i, shape),
         ]
         if shape:
             lines += ["    else:", "        return None"]
@@ -538,6 +528,54 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     values = ", ".join(f"v{i}" for i in range(len(entries)))
     lines.append(f"    return [{values}], rows")
     return "\n".join(lines) + "\n"
+
+
+def _shape_lines(v: str, i: int, shape: tuple[int, ...]) -> list[str]:
+    """:func:`_match_source`'s count of the array ``v`` of field ``i`` (``r``: -1 for one
+    transition, else the rows), or ``return None`` for a shape that is neither.
+
+    A scalar field's array and a vector field's are told apart by ``ndim``,
+    ``len`` and ``size``, which build nothing (a vector step's batch is the
+    most frequent array of rows); deeper fields compare the ``shape`` tuple.
+    """
+    # the first field's count is checked in range; a later one's must equal it
+    in_range = " or not 0 < r <= cap" if i == 0 else ""
+    if not shape:
+        return [
+            f"        n = {v}.ndim",
+            "        if n == 0:",
+            "            r = -1",
+            "        elif n == 1:",  # a batch (of one: count 1)
+            f"            r = len({v})",
+            *(["            if not 0 < r <= cap:", "                return None"] if i == 0 else []),
+            "        else:",
+            "            return None",
+        ]
+    if len(shape) == 1:
+        return [
+            f"        n = {v}.ndim",
+            "        if n == 1:",
+            f"            if len({v}) != {shape[0]}:",
+            "                return None",
+            "            r = -1",
+            "        elif n == 2:",  # (rows, m) exactly: size = rows * m with rows > 0
+            f"            r = len({v})",
+            f"            if {v}.size != {shape[0]} * r{in_range}:",
+            "                return None",
+            "        else:",
+            "            return None",
+        ]
+    return [
+        f"        s = {v}.shape",
+        f"        if s == SHAPE{i}:",
+        "            r = -1",
+        f"        elif s == ONE{i}:",
+        "            r = 1",
+        f"        elif len(s) == {len(shape) + 1} and s[1:] == SHAPE{i} and 0 < s[0] <= cap:",
+        "            r = s[0]",
+        "        else:",
+        "            return None",
+    ]
 
 
 def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:

@@ -290,6 +290,35 @@ def _same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
+def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
+    """The flags of a vector step are read from dicts without a Python loop; infos
+    that are other mappings (or dicts missing the key) give the same columns."""
+    from collections import UserDict
+
+    obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
+    rng = np.random.default_rng(4)
+    kinds = {"dict": dict, "mapping": UserDict}
+    bufs = {k: PrioritizedReplayBuffer(32, obs_space, act_space, device="cpu", n_envs=3, seed=0)
+            for k in kinds}  # fmt: skip
+    for step in range(20):
+        obs = rng.standard_normal((3, 3)).astype(np.float32)
+        nxt = rng.standard_normal((3, 3)).astype(np.float32)
+        action = rng.integers(0, 3, 3)
+        reward = rng.standard_normal(3).astype(np.float32)
+        done = rng.random(3) < 0.5
+        flags = [bool(d and rng.random() < 0.5) for d in done]
+        for kind, make in kinds.items():
+            infos = [make({"TimeLimit.truncated": f} if (step + j) % 3 else {})
+                     for j, f in enumerate(flags)]  # fmt: skip
+            bufs[kind].add(obs, nxt, action, reward, done, infos)
+    a, b = bufs["dict"], bufs["mapping"]
+    np.testing.assert_array_equal(a.timeouts, b.timeouts)
+    np.testing.assert_array_equal(a.dones, b.dones)
+    assert a.timeouts.any() and a.dones.any() and not a.timeouts.all()
+    with pytest.raises(ValueError, match="one dict per env"):
+        a.add(obs, nxt, action, reward, done, [{}, {}])
+
+
 @pytest.mark.parametrize("n_envs", [1, 3])
 @pytest.mark.parametrize("n_steps", [1, 3])
 @pytest.mark.parametrize("timeouts", [True, False])

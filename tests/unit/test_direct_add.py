@@ -479,13 +479,27 @@ def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str, 
             x.flags.writeable = False
         return x
 
+    from fastper.buffer_rows import _finite  # (the no-cast add's test of a vector step)
+
+    def both(x: np.ndarray) -> bool:
+        a = rewards_finite(shaped(x))
+        if layout == "flat":
+            assert _finite(x) is a, x
+        return a
+
     base = np.tile(np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype), copies)
-    assert rewards_finite(shaped(base.copy()))
+    assert both(base.copy())
+    # huge values of one sign: a float64 sum overflows, yet each value is finite
+    assert both(np.full(base.shape[0], big, dtype=dtype))
+    assert both(np.array([-big, -big], dtype=dtype))
     for bad in (np.nan, np.inf, -np.inf):
         for i in range(base.shape[0]):
             x = base.copy()
             x[i] = bad
-            assert not rewards_finite(shaped(x)), (bad, i)
+            assert not both(x), (bad, i)
+        x = np.full(base.shape[0], big, dtype=dtype)  # with an overflowing sum beside it
+        x[-1] = bad
+        assert not both(x), bad
 
 
 def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more() -> None:
@@ -549,6 +563,42 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
             assert a.tobytes() == b.tobytes(), (trial, name, transition[name])
     # both outcomes are exercised
     assert accepted > 50 and refused > 50, (accepted, refused)
+
+
+_SHAPE_CASES: dict[tuple[int, ...], dict[tuple[int, ...], int | None]] = {
+    (): {(): -1, (1,): 1, (5,): 5, (16,): 16, (17,): None, (0,): None, (5, 1): None,
+         (1, 1): None, (2, 2): None},
+    (4,): {(4,): -1, (1, 4): 1, (5, 4): 5, (16, 4): 16, (17, 4): None, (0, 4): None,
+           (5, 5): None, (5, 4, 1): None, (1, 1, 4): None, (20,): None, (3,): None, (8,): None,
+           (2, 2): None, (10, 2): None, (2, 10): None, (5, 2, 2): None},
+    (2, 2): {(2, 2): -1, (1, 2, 2): 1, (5, 2, 2): 5, (16, 2, 2): 16, (17, 2, 2): None,
+             (0, 2, 2): None, (5, 4): None, (4,): None, (5, 2, 2, 1): None, (1, 1, 2, 2): None,
+             (2, 5, 2): None},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("field_shape", list(_SHAPE_CASES))
+def test_the_matcher_counts_rows_by_the_shape_alone(field_shape: tuple[int, ...]) -> None:
+    """An array of a field's shape is one transition (-1), one with a leading dimension
+    a batch of that many; anything else is refused. Scalar and vector fields are
+    told apart by ``ndim``, ``len`` and ``size``: the shapes below agree with the
+    field on some of them and not all, and each is tried as the first field and as
+    a later one, beside a field whose count agrees."""
+    from fastper.storage import Field, Storage
+
+    rows = Storage({"a": Field((), np.float32), "x": Field(field_shape, np.float32)}, 16).direct_rows()
+    assert rows is not None
+    for shape, want in _SHAPE_CASES[field_shape].items():
+        x = np.zeros(shape, np.float32)
+        a = np.zeros(shape[:1] if len(shape) > len(field_shape) else (), np.float32)
+        for t in ({"a": a, "x": x}, {"x": x, "a": a}):
+            got = rows.match(t)
+            assert (got is None) if want is None else (got is not None and got[1] == want), (shape, got)
+    # every field must agree on the count
+    batch = np.zeros((4, *field_shape), np.float32)
+    assert rows.match({"a": np.zeros(3, np.float32), "x": batch}) is None
+    assert rows.match({"x": batch, "a": np.zeros(3, np.float32)}) is None
+    assert rows.match({"a": np.float32(0.5), "x": batch[:1]}) is None
 
 
 def test_dropped_direct_rows_free_their_columns_at_once_and_refuse_copies() -> None:

@@ -366,6 +366,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._watch_priorities = scheme != "uniform"
         self._no_timeouts = np.zeros(n_envs, dtype=np.bool_)
         self._no_timeouts.setflags(write=False)  # (shared by every add: read only)
+        self._timeout_keys = ("TimeLimit.truncated",) * n_envs
         # what add() checks every row against: (field, next field, dict key, (n_envs, *shape))
         self._obs_rows = tuple(
             (f"obs{suffix}", f"next_obs{suffix}", key, (n_envs, *shape))
@@ -656,10 +657,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             and type(next_obs) is _NDARRAY
             and next_obs.shape == plain
             and type(action) is _NDARRAY
-            and (action.shape == self._action_rows or action.shape == self._flat_actions)
+            and ((acts := action.shape) == self._action_rows or acts == self._flat_actions)
             and type(reward) is _NDARRAY
             and reward.shape == n_rows
-            and reward.dtype.kind in "fiub"  # (numbers: others are refused below)
+            and (rewards := reward.dtype).kind in "fiub"  # (numbers: others are refused below)
             and type(done) is _NDARRAY
             and done.dtype is _BOOL
             and done.shape == n_rows
@@ -675,7 +676,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 and obs.dtype is self._obs_dtype
                 and next_obs.dtype is self._obs_dtype
                 and action.dtype is self._action_dtype
-                and reward.dtype is _FLOAT32
+                and rewards is _FLOAT32
             )
             if n_rows == _ONE:  # one env: one transition of its values, the cheapest add
                 flag = done.item()
@@ -683,11 +684,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                     infos[0].get("TimeLimit.truncated", False)
                 )
                 # the env's action in the field's shape (action_dim,): a flat (1,) already is
-                act = action[0] if action.shape == self._action_rows else action
+                act = action[0] if acts == self._action_rows else action
                 if exact:
                     r = reward.item()
                     values = [obs[0], act, r, next_obs[0], flag, timeout]
-                    if self._buffer._add_exact(values, -1, r, _SB3_ORDER) is not None:
+                    if self._buffer._add_exact(values, -1, r, _SB3_ORDER):
                         return
                 one_row: dict[str, Any] = {
                     "obs": obs[0], "next_obs": next_obs[0], "action": act,
@@ -701,7 +702,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                     one_row["truncated"] = flag and timeout
                 self._buffer.add(one_row)
                 return
-            if action.shape != self._action_rows:  # flat: one action per env
+            if acts != self._action_rows:  # flat: one action per env
                 action = action.reshape(self._action_rows)
             if exact:  # a vector step, one row per env
                 timeouts = (
@@ -709,10 +710,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 )
                 values = [obs, action, reward, next_obs, done, timeouts]
                 if (  # (flags of another shape: the general way refuses them)
-                    timeouts.shape == n_rows
-                    and self._buffer._add_exact(values, self.n_envs, reward, _SB3_ORDER)
-                    is not None
-                ):
+                    timeouts is self._no_timeouts or timeouts.shape == n_rows
+                ) and self._buffer._add_exact(values, self.n_envs, reward, _SB3_ORDER):
                     return
             row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
             self._add_rows(row, done, infos)
@@ -747,10 +746,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if self.n_envs == 1:  # (read-only flags: the buffer copies them into its columns)
             return _FLAGS[bool(infos[0].get("TimeLimit.truncated", False))]
+        try:  # (most steps: no env hit its time limit; read with no Python loop)
+            if not any(map(dict.get, infos, self._timeout_keys)):
+                return self._no_timeouts
+        except TypeError:  # infos that are not dicts: each read by its own get
+            pass
         flags = [info.get("TimeLimit.truncated", False) for info in infos]
-        if not any(flags):  # (most steps: no env hit its time limit)
-            return self._no_timeouts
-        return np.array(flags, np.bool_)
+        return np.array(flags, np.bool_) if any(flags) else self._no_timeouts
 
     # -- sample ---------------------------------------------------------------------
     def sample(  # type: ignore[override]
