@@ -13,6 +13,7 @@ import io
 import pickle
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,14 +291,30 @@ def _same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
+class _TruncatedInfo(dict):  # type: ignore[type-arg]
+    """An info dict whose own ``get`` answers for the time limit (its items hold none)."""
+
+    def __init__(self, flag: bool) -> None:
+        super().__init__()
+        self.flag = flag
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.flag if key == "TimeLimit.truncated" else super().get(key, default)
+
+
 def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
-    """The flags of a vector step are read from dicts without a Python loop; infos
-    that are other mappings (or dicts missing the key) give the same columns."""
+    """The flags of a vector step are read by each info's own ``get``: dicts, other
+    mappings (or dicts missing the key) and a dict whose ``get`` is its own give
+    the same columns."""
     from collections import UserDict
 
     obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
     rng = np.random.default_rng(4)
-    kinds = {"dict": dict, "mapping": UserDict}
+    kinds = {
+        "dict": dict,
+        "mapping": UserDict,
+        "own get": lambda d: _TruncatedInfo(bool(d.get("TimeLimit.truncated", False))),
+    }
     bufs = {k: PrioritizedReplayBuffer(32, obs_space, act_space, device="cpu", n_envs=3, seed=0)
             for k in kinds}  # fmt: skip
     for step in range(20):
@@ -311,9 +328,10 @@ def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
             infos = [make({"TimeLimit.truncated": f} if (step + j) % 3 else {})
                      for j, f in enumerate(flags)]  # fmt: skip
             bufs[kind].add(obs, nxt, action, reward, done, infos)
-    a, b = bufs["dict"], bufs["mapping"]
-    np.testing.assert_array_equal(a.timeouts, b.timeouts)
-    np.testing.assert_array_equal(a.dones, b.dones)
+    a = bufs["dict"]
+    for other in ("mapping", "own get"):
+        np.testing.assert_array_equal(a.timeouts, bufs[other].timeouts)
+        np.testing.assert_array_equal(a.dones, bufs[other].dones)
     assert a.timeouts.any() and a.dones.any() and not a.timeouts.all()
     with pytest.raises(ValueError, match="one dict per env"):
         a.add(obs, nxt, action, reward, done, [{}, {}])
@@ -695,3 +713,49 @@ def test_samples_land_on_the_device_and_device_td_errors_update() -> None:
         assert getattr(s, name).device.type == "cuda"
     td = th.arange(8, dtype=th.float32, device="cuda").reshape(-1, 1)
     assert buf.update_priorities(s.indices, td, s.keys) == 8
+
+
+@pytest.mark.parametrize("n_envs", [1, 4])
+def test_a_current_max_buffer_gives_new_steps_what_the_general_add_gives(
+    n_envs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_priority="current"`` the common add (which builds no slots) still
+    records the priority each new step gets, so the maximum held is right once the
+    slot that set it (far from them in the index) is lowered: the steps that
+    overwrote the ring hold it now."""
+    steps = 16  # fill the ring; the top slot lies 8 steps (8 * n_envs slots) from slot 0
+    obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
+    zeros = np.zeros((n_envs, 3), np.float32)
+    args = (zeros, zeros, np.zeros(n_envs, np.int64), np.ones(n_envs, np.float32),
+            np.zeros(n_envs, bool), [{}] * n_envs)  # fmt: skip
+    results = []
+    for common in (True, False):
+        buf = PrioritizedReplayBuffer(
+            steps * n_envs, obs_space, act_space, device="cpu", n_envs=n_envs, seed=0,
+            max_priority="current",
+        )  # fmt: skip
+        core = buf._buffer
+        exact = core._add_exact
+        taken: list[bool] = []
+        if common:
+
+            def counted(*a: Any, exact: Any = exact, taken: list[bool] = taken) -> bool:
+                taken.append(exact(*a))
+                return taken[-1]
+
+            monkeypatch.setattr(core, "_add_exact", counted)
+        else:
+            monkeypatch.setattr(core, "_add_exact", lambda *a: False)
+        top = np.array([8 * n_envs])
+        for _ in range(steps):
+            buf.add(*args)  # the ring is full: priority 1 everywhere
+        core.update_priorities(top, np.array([10.0]))
+        buf.add(*args)  # overwrites slots 0 .. n_envs - 1: they get the current max, 10
+        core.update_priorities(top, np.array([0.5]))
+        results.append((core.max_priority, core.priorities(np.arange(steps * n_envs))))
+        monkeypatch.undo()
+        assert taken == ([True] * (steps + 1) if common else [])
+    for max_held, priorities in results:
+        assert max_held == pytest.approx(10.0)
+        np.testing.assert_allclose(priorities[:n_envs], 10.0)
+    np.testing.assert_array_equal(results[0][1], results[1][1])

@@ -489,7 +489,8 @@ def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str, 
 
     base = np.tile(np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype), copies)
     assert both(base.copy())
-    # huge values of one sign: a float64 sum overflows, yet each value is finite
+    # huge values of one sign: each is finite (for float64 their sum overflows, which
+    # must send the test to each value, not refuse the batch)
     assert both(np.full(base.shape[0], big, dtype=dtype))
     assert both(np.array([-big, -big], dtype=dtype))
     for bad in (np.nan, np.inf, -np.inf):
@@ -582,23 +583,28 @@ def test_the_matcher_counts_rows_by_the_shape_alone(field_shape: tuple[int, ...]
     """An array of a field's shape is one transition (-1), one with a leading dimension
     a batch of that many; anything else is refused. Scalar and vector fields are
     told apart by ``ndim``, ``len`` and ``size``: the shapes below agree with the
-    field on some of them and not all, and each is tried as the first field and as
-    a later one, beside a field whose count agrees."""
+    field on some of them and not all, and each is tried as the first field of the
+    storage and as a later one, beside a field whose count agrees."""
     from fastper.storage import Field, Storage
 
-    rows = Storage({"a": Field((), np.float32), "x": Field(field_shape, np.float32)}, 16).direct_rows()
-    assert rows is not None
-    for shape, want in _SHAPE_CASES[field_shape].items():
-        x = np.zeros(shape, np.float32)
-        a = np.zeros(shape[:1] if len(shape) > len(field_shape) else (), np.float32)
-        for t in ({"a": a, "x": x}, {"x": x, "a": a}):
-            got = rows.match(t)
-            assert (got is None) if want is None else (got is not None and got[1] == want), (shape, got)
-    # every field must agree on the count
-    batch = np.zeros((4, *field_shape), np.float32)
-    assert rows.match({"a": np.zeros(3, np.float32), "x": batch}) is None
-    assert rows.match({"x": batch, "a": np.zeros(3, np.float32)}) is None
-    assert rows.match({"a": np.float32(0.5), "x": batch[:1]}) is None
+    a_field, x_field = Field((), np.float32), Field(field_shape, np.float32)
+    # the storage's field order decides which field is checked first (not the dict's)
+    x_later = Storage({"a": a_field, "x": x_field}, 16).direct_rows()
+    x_first = Storage({"x": x_field, "a": a_field}, 16).direct_rows()
+    assert x_later is not None and x_first is not None
+    assert x_later.names == ("a", "x") and x_first.names == ("x", "a")
+    for rows in (x_later, x_first):
+        for shape, want in _SHAPE_CASES[field_shape].items():
+            x = np.zeros(shape, np.float32)
+            a = np.zeros(shape[:1] if len(shape) > len(field_shape) else (), np.float32)
+            got = rows.match({"a": a, "x": x})
+            assert (got is None) if want is None else (got is not None and got[1] == want), (
+                rows.names, shape, got,
+            )  # fmt: skip
+        # every field must agree on the count
+        batch = np.zeros((4, *field_shape), np.float32)
+        assert rows.match({"a": np.zeros(3, np.float32), "x": batch}) is None
+        assert rows.match({"a": np.float32(0.5), "x": batch[:1]}) is None
 
 
 def test_dropped_direct_rows_free_their_columns_at_once_and_refuse_copies() -> None:

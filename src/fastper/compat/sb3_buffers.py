@@ -366,7 +366,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._watch_priorities = scheme != "uniform"
         self._no_timeouts = np.zeros(n_envs, dtype=np.bool_)
         self._no_timeouts.setflags(write=False)  # (shared by every add: read only)
-        self._timeout_keys = ("TimeLimit.truncated",) * n_envs
         # what add() checks every row against: (field, next field, dict key, (n_envs, *shape))
         self._obs_rows = tuple(
             (f"obs{suffix}", f"next_obs{suffix}", key, (n_envs, *shape))
@@ -746,13 +745,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if self.n_envs == 1:  # (read-only flags: the buffer copies them into its columns)
             return _FLAGS[bool(infos[0].get("TimeLimit.truncated", False))]
-        try:  # (most steps: no env hit its time limit; read with no Python loop)
-            if not any(map(dict.get, infos, self._timeout_keys)):
-                return self._no_timeouts
-        except TypeError:  # infos that are not dicts: each read by its own get
-            pass
         flags = [info.get("TimeLimit.truncated", False) for info in infos]
-        return np.array(flags, np.bool_) if any(flags) else self._no_timeouts
+        if not any(flags):  # (most steps: no env hit its time limit)
+            return self._no_timeouts
+        return np.array(flags, np.bool_)
 
     # -- sample ---------------------------------------------------------------------
     def sample(  # type: ignore[override]
