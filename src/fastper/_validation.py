@@ -211,6 +211,13 @@ def nstep_key_args(nstep_keys: Mapping[str, Any] | None) -> dict[str, Any]:
 NONFINITE_OPTION = "allow_nonfinite_rewards"
 
 
+def floats_finite(floats: list[float]) -> bool:
+    """Whether every Python float in ``floats`` (a few rewards) is finite. One sum:
+    a NaN or an inf makes it non-finite, and so can finite float64 values that
+    overflow it, so each value is tested only then."""
+    return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+
+
 def rewards_finite(values: np.ndarray) -> bool:
     """Whether every reward in ``values`` (any shape) is finite; integers pass unread.
 
@@ -224,10 +231,7 @@ def rewards_finite(values: np.ndarray) -> bool:
         if size == 1:
             return math.isfinite(values.item())
         if size <= 8:  # a vector env's step: Python floats beat a compiled call's dispatch
-            floats = values.tolist() if values.ndim == 1 else values.ravel().tolist()
-            # a sum of finite values is finite unless float64 values overflow it (then
-            # each is tested); a NaN or an inf in it is not
-            return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+            return floats_finite(values.tolist() if values.ndim == 1 else values.ravel().tolist())
     flat = values.ravel()
     if (dtype == _F32 or dtype == _F64) and flat.flags.writeable:
         # one compiled pass (for the two types the kernel cache holds; a read-only

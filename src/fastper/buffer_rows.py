@@ -24,6 +24,7 @@ from ._validation import (
     as_value_array,
     check_int,
     check_row_ids,
+    floats_finite,
     rewards_finite,
     to_numpy,
 )
@@ -50,10 +51,8 @@ def _finite(value: Any) -> bool:
     if t is float:
         return math.isfinite(value)
     if t is np.ndarray:
-        if value.ndim == 1 and len(value) <= 8:  # a vector env's step, without a call
-            # (a sum of finite values is finite unless it overflows: then each is tested)
-            floats = value.tolist()
-            return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+        if value.ndim == 1 and len(value) <= 8:  # a vector env's step: its floats at once
+            return floats_finite(value.tolist())
         return rewards_finite(value)
     if t is int or t is bool:
         return True
@@ -266,10 +265,8 @@ class RowsMixin(SamplingMixin):
             self._run_count = run + n
             return slots
         self._new_run(start, n, priority)
-        if self._current_max is not None and not want_slots:
-            slots = np.arange(start, start + n, dtype=np.int64)
-        if self._current_max is not None:
-            self._current_max.fix(slots)
+        if self._current_max is not None:  # (it needs the slots the caller does not)
+            self._current_max.fix(slots if want_slots else np.arange(start, start + n, 1, _INT64))  # type: ignore[call-overload]
         return slots
 
     def _add_window_row(self, transition: dict[str, Any], env_ids: Any) -> np.ndarray | None:
