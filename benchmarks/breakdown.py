@@ -15,7 +15,9 @@ each round's median):
   step (sample + update);
 * the same steps without the public call's checks, schedules and lock
   (uniforms, the search / weights / keys kernel, the storage's gather and the
-  SampleBatch), the kernel alone (with its uniforms), and the update kernel
+  SampleBatch), the kernel alone (with its uniforms; it also prefetches the
+  drawn rows of a records storage, which the gather then finds in cache), and
+  the update kernel
   through the sampler; each part in the table is a difference of two of these
   timings, so it carries the noise of both;
 * two properties of the machine: the time per cache line of independent
@@ -102,6 +104,8 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
     def fresh_samples() -> list[fastper.SampleBatch]:
         return [buf.sample(batch) for _ in range(calls)]
 
+    no_perm = np.empty(0, dtype=np.int64)  # draws in stratum order
+    rows, row_bytes = storage.record_bytes  # the rows the search prefetches for the gather
     out_idx = np.empty(batch, np.int64)
     out_p = np.empty(batch)
     out_w = np.empty(batch)
@@ -149,7 +153,9 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
 
         def f() -> SampleBatch:
             u = buf._rng.random(batch)
-            idx, prob, w, keys = smp.sample(u, len(buf), 0.4, True, 0, 0, buf.total_added)
+            idx, prob, w, keys = smp.sample_permuted(
+                u, no_perm, len(buf), 0.4, True, 0, 0, buf.total_added, rows, row_bytes
+            )
             data = storage.gather(idx)
             return SampleBatch(data=data, indices=idx, weights=w, probabilities=prob, keys=keys)
 
@@ -163,7 +169,7 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
             u = buf._rng.random(batch)
             return tk.prop_sample(
                 smp.leaves, smp.sinner, smp.minner, smp.offs, smp.depth, u, no_perm, True, 0.4, n,
-                0, 0, buf.total_added, capacity, out_idx, out_p, out_w, out_k,
+                0, 0, buf.total_added, capacity, out_idx, out_p, out_w, out_k, rows, row_bytes,
             )  # fmt: skip
 
         return f
@@ -221,7 +227,7 @@ def table(results: dict[int, dict[str, float]], batch: int) -> str:
 
     row("`sample(B)`, us", lambda r: r["sample"])
     row(
-        "- uniforms + search / weights / keys kernel",
+        "- uniforms + search / weights / keys kernel (prefetching the rows)",
         lambda r: r["uniforms + search/weights/keys kernel"],
     )
     row(
@@ -231,7 +237,7 @@ def table(results: dict[int, dict[str, float]], batch: int) -> str:
         ),
     )
     row(
-        "- checks, schedules, lock",
+        "- checks, schedules, batch order, lock",
         lambda r: r["sample"] - r["sample, its steps called directly"],
     )
     row("`update_priorities`, cold paths, us", lambda r: r["update"])

@@ -28,8 +28,12 @@ from .buffer_core import locked
 from .buffer_state import StateMixin
 from .errors import EmptyBufferError, InvalidIndexError
 from .frames import FrameStore
-from .samplers import NORM_CODES
+from .policy import batch_order
+from .samplers import NO_PERM, NO_ROWS, NORM_CODES
 from .storage import PlacedByMass
+
+#: what a storage without records gives the search to prefetch: nothing
+_NO_RECORDS = (NO_ROWS, 0)
 
 __all__ = ["SamplingMixin"]
 
@@ -46,7 +50,6 @@ class SamplingMixin(StateMixin):
     _placed: PlacedByMass | None
     _row_nbytes: int
     _last_draw: tuple[int, Any] | None = None  # (step after it, what to put back): see undraw
-    _order: np.ndarray | None = None  # 0, 1, 2, ...: see _permutation
     _perm_out: np.ndarray | None = None
 
     @property
@@ -273,46 +276,41 @@ class SamplingMixin(StateMixin):
             raise
         # Nothing below can fail on valid state, so the generator only advances
         # once every check has passed: a raising call leaves it untouched.
-        u = self._rng.random(b)
+        # Slices come out in slot order, so a batch is shuffled (minibatches cut
+        # from it would each get a contiguous piece of the ring): B uniforms for
+        # the targets, then B for the order (fastper.policy, "Batch order").
+        shuffle = self._shuffle and b > 1
+        if shuffle:
+            draws = self._rng.random(2 * b)
+            u, perm = draws[:b], self._permutation(draws[b:])
+        else:
+            u, perm = self._rng.random(b), NO_PERM
         w = self._writer
         sampler = self._sampler
         norm = NORM_CODES[self._weight_norm]
-        if not (self._shuffle and b > 1):
-            idx, prob, weights, keys = sampler.sample(
-                u, n, beta_v, self._stratified, norm, w.key_base, w.added
-            )
-            return idx, prob, weights, keys, beta_v, undo
-        # slices come out in slot order: minibatches cut from a batch would each
-        # get a contiguous piece of the ring
-        perm = self._permutation(b)
         permuted = getattr(sampler, "sample_permuted", None)  # orders the draws itself
         if permuted is not None:
+            # a records storage's rows are prefetched by the search, for the gather
+            rows, row_bytes = getattr(self._storage, "record_bytes", _NO_RECORDS)
             idx, prob, weights, keys = permuted(
-                u, perm, n, beta_v, self._stratified, norm, w.key_base, w.added
+                u, perm, n, beta_v, self._stratified, norm, w.key_base, w.added, rows, row_bytes
             )
-        else:
-            idx, prob, weights, keys = sampler.sample(
-                u, n, beta_v, self._stratified, norm, w.key_base, w.added
-            )
-            idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        return idx, prob, weights, keys, beta_v, undo
+            return idx, prob, weights, keys, beta_v, undo
+        idx, prob, weights, keys = sampler.sample(
+            u, n, beta_v, self._stratified, norm, w.key_base, w.added
+        )
+        if not shuffle:
+            return idx, prob, weights, keys, beta_v, undo
+        return idx[perm], prob[perm], weights[perm], keys[perm], beta_v, undo
 
-    def _permutation(self, b: int) -> np.ndarray:
-        """``self._rng.permutation(b)``, the same draws, in a reused array (caller holds the lock).
-
-        ``permutation(b)`` is ``shuffle(arange(b))``; shuffling a kept copy of
-        ``arange`` saves allocating and filling one per sample (about 2 us of 5
-        at B = 256). The array is only read before the next draw.
-        """
-        order = self._order
-        if order is None or order.shape[0] < b:
-            order = self._order = np.arange(b, dtype=np.int64)
+    def _permutation(self, v: np.ndarray) -> np.ndarray:
+        """:func:`fastper.policy.batch_order` of uniforms ``v``, in a reused array (the
+        caller holds the lock; the array is only read before the next draw)."""
+        b = v.shape[0]
         perm = self._perm_out
         if perm is None or perm.shape[0] != b:
             perm = self._perm_out = np.empty(b, dtype=np.int64)
-        perm[:] = order[:b]
-        self._rng.shuffle(perm)
-        return perm
+        return batch_order(v, perm)
 
     def _undo_draw(self, undo: tuple[Any, ...]) -> None:
         """Put back what :meth:`_draw` changed (a read of its rows failed)."""

@@ -1,4 +1,4 @@
-"""The sampling rules every front end shares: stratified targets and IS weights.
+"""The sampling rules every front end shares: stratified targets, IS weights, batch order.
 
 One implementation of each rule, written with array operators only (``+``,
 ``*``, ``/``, ``**``, ``min``), so the same function serves numpy arrays (the
@@ -25,6 +25,10 @@ The rules:
   mass), of the batch (``"batch"``), or not at all (``"none"``). Ratios are
   taken between masses, not probabilities: ``P(i) / P(min) = m_i / m_min``
   exactly, where dividing both by the total first would round twice.
+* **Batch order.** A shuffled batch of ``B`` draws takes ``2B`` uniforms from
+  the generator: the targets' ``B``, then ``B`` that order the batch
+  (:func:`batch_order`). The device buffer orders its batches with its own
+  generator (``torch.randperm``).
 """
 
 from __future__ import annotations
@@ -33,11 +37,35 @@ from typing import Any
 
 import numpy as np
 
+from ._kernels import order as _order
 from ._kernels import weights as _weights
 
 #: weight normalisations, in the order of the kernels' codes
 NORMS = ("buffer", "batch", "none")
 NORM_CODES = {name: code for code, name in enumerate(NORMS)}
+
+
+def batch_order(v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The order of a shuffled batch: a random permutation of ``0 .. B-1`` (int64) from
+    ``B`` uniforms ``v`` in [0, 1) (float64), into ``out`` if given. O(B).
+
+    Entry ``k`` of a shuffled batch is draw ``order[k]`` of the batch in stratum
+    order. Fisher-Yates, position ``i`` swapping with ``floor(v[i] * (i + 1))``.
+    """
+    if not (isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1):
+        raise TypeError(f"`v` must be a 1-D float64 array of uniforms, got {v!r:.80}")
+    if out is None:
+        out = np.empty(v.shape[0], dtype=np.int64)
+    elif not (
+        isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == v.shape
+        and out.flags.writeable
+    ):  # fmt: skip
+        raise TypeError(
+            f"`out` must be a writable int64 array of shape {v.shape} (one entry per "
+            f"uniform), got {out!r:.80}"
+        )
+    _order.batch_order(v, out)
+    return out
 
 
 def stratified_targets(u: Any, total: Any, positions: Any | None, scaled: bool = False) -> Any:

@@ -14,8 +14,9 @@ Common contract (the buffer holds its lock around every call):
     ``update_from_td(...)``: validate an update, drop stale entries, write the rest.
     ``sample(u, n, beta, stratified, norm, key_base, added)``: indices, P(i),
     IS weights and the key of each sampled slot's occupant (:func:`slot_keys`).
-    ``sample_permuted(u, perm, n, ...)`` (optional; the proportional sampler):
-    ``sample``'s outputs indexed by ``perm``, made in that order by one call.
+    ``sample_permuted(u, perm, n, ..., rows=, row_bytes=)`` (optional; the
+    proportional sampler): ``sample``'s outputs indexed by ``perm``, made in that
+    order by one call, which also prefetches the drawn rows of a records storage.
     ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
     ``state_dict(n)`` / ``load_state_dict(state, n)``: the checkpointed state.
     ``reset_priorities(p, n)``: take these priorities and rebuild. O(N log N).
@@ -50,7 +51,8 @@ from .sampler_base import (
 )
 from .trees import SumTree
 
-_NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
+NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
+NO_ROWS = np.empty(0, dtype=np.uint8)  # sample_permuted: no rows to prefetch
 
 __all__ = [
     "NORM_CODES",
@@ -232,20 +234,29 @@ class ProportionalSampler(Sampler):
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        return self.sample_permuted(u, _NO_PERM, n, beta, stratified, norm, key_base, added)
+        return self.sample_permuted(u, NO_PERM, n, beta, stratified, norm, key_base, added)
 
     def sample_permuted(
         self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
-        key_base: int, added: int,
+        key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
         of ``0 .. len(u)-1``; empty: none) in the same compiled call. O(B log N).
 
         Keys, probabilities and weights come from that call too: one dispatch
         instead of several, and no copies to put the draws in random order.
+        ``rows``: the storage's records as uint8, ``row_bytes`` per slot (see
+        :attr:`fastper.storage.Storage.record_bytes`); the call prefetches the
+        drawn ones, which the gather after it then finds in cache. A hint only:
+        the outputs are the same without it.
         """
         if norm == 0 and not self.track_min:
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
+        if row_bytes and rows.shape[0] < self.capacity * row_bytes:
+            raise ValueError(
+                f"`rows` must hold capacity * row_bytes = {self.capacity} * {row_bytes} bytes "
+                f"(the storage's records), got {rows.shape[0]}"
+            )
         b = u.shape[0]
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
@@ -253,7 +264,7 @@ class ProportionalSampler(Sampler):
         keys = np.empty(b, dtype=np.int64)
         _pk.prop_sample(
             self.leaves, self.sinner, self.minner, self.offs, self.depth, u, perm, stratified,
-            beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys,
+            beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys, rows, row_bytes,
         )  # fmt: skip
         return idx, prob, w, keys
 

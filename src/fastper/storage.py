@@ -688,6 +688,10 @@ class Storage:
         self._unpack: tuple[tuple[str, np.dtype[Any] | None], ...] = ()
         self._items: dict[str, np.ndarray] = {}
         self._puts: dict[str, Callable[[int, Any], None]] | None = None
+        #: the records as bytes and the bytes of one (records layout; else empty, 0):
+        #: what a sampler prefetches of the rows it draws, for :meth:`gather` (set
+        #: with the records: code that replaces ``_records`` must set it again)
+        self.record_bytes: tuple[np.ndarray, int] = (np.empty(0, dtype=np.uint8), 0)
         if layout == "records":
             record = record_dtype(self.fields)
             warn_if_too_large(
@@ -712,6 +716,7 @@ class Storage:
                 "itemsize": record.itemsize,
             }  # fmt: skip
             self._opaque = self._records.view(np.dtype(spec))
+            self.record_bytes = (self._records.view(np.uint8), record.itemsize)
             self._items = {n: self._opaque[n] for n in opaque}
             self._unpack = tuple(
                 (n, np.dtype((self.fields[n].dtype, self.fields[n].shape)) if n in opaque else None)

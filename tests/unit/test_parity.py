@@ -5,7 +5,8 @@ The CPU buffer, the sharded buffer (K = 1 and K = 3 shards in this process)
 and the device buffer (torch back end on the CPU) are fed the same adds and
 priority updates. The CPU buffer and the sharded coordinator draw their
 uniforms from the same kind of generator with the same seed, in the same
-order (``random(B)``, then ``permutation(B)`` when shuffling); the device
+order (``random(B)``, then ``B`` more whose :func:`~fastper.policy.batch_order` orders
+a shuffled batch); the device
 buffer's draw is fed the CPU buffer's uniforms. Their batches must then agree
 exactly (``==``, not approximately): the stratified targets, the
 probabilities and the IS weights each come from one implementation
@@ -30,6 +31,7 @@ from fastper import PrioritizedReplayBuffer, ReplayBuffer
 from fastper.distributed import ShardedReplayBuffer
 from fastper.distributed.shard import Shard
 from fastper.distributed.transport import LocalTransport
+from fastper.policy import batch_order
 
 PER_SHARD = 16
 K_MAX = 3
@@ -193,7 +195,7 @@ def test_cpu_and_device_buffers_draw_identically(
     b = 37
     for round_ in range(12):
         u = twin.random(b)
-        perm = twin.permutation(b) if shuffle else None
+        perm = batch_order(twin.random(b)) if shuffle else None
         a = cpu.sample(b)
         with monkeypatch.context() as m:
             m.setattr(torch, "rand", lambda *args, _u=u, **kw: torch.from_numpy(_u.copy()))

@@ -303,3 +303,16 @@ def test_the_item_copy_and_its_fallbacks_store_the_same_rows() -> None:
         np.testing.assert_array_equal(st.columns[name][:k], strided)
     big = Storage({"x": ((2**31,), np.uint8)}, 1)  # no record dtype is built for it
     assert big.layout == "columns"
+
+
+def test_the_records_a_sampler_prefetches_are_the_records_as_bytes() -> None:
+    rec, col = Storage(FIELDS, 30, layout="records"), Storage(FIELDS, 30, layout="columns")
+    rows, row_bytes = rec.record_bytes
+    assert row_bytes == rec.nbytes() // 30 and rows.dtype == np.uint8
+    assert rows.shape == (30 * row_bytes,)
+    rng = np.random.default_rng(3)
+    rec.write(0, _rows(rng, 30), 30)
+    for slot in (0, 17, 29):  # record ``slot`` is bytes slot * row_bytes ...
+        seen = rows[slot * row_bytes : (slot + 1) * row_bytes]
+        assert seen.tobytes() == rec._records[slot : slot + 1].tobytes()
+    assert col.record_bytes[1] == 0 and col.record_bytes[0].size == 0  # nothing to prefetch

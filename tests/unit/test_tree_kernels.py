@@ -8,7 +8,9 @@
 * The proportional sampler's fused draw finds the leaves the tree's search
   finds, and its permuted form equals the plain form indexed by the
   permutation.
-* A shuffling buffer draws the permutation ``rng.permutation(B)`` would give.
+* A shuffling buffer orders its batch by :func:`fastper.policy.batch_order` of the
+  B uniforms it draws after the targets' B; that order is a uniform permutation.
+* Prefetching the drawn rows (records) changes no bit of a sample.
 * Slot keys from one division per batch equal the per-slot formula.
 """
 
@@ -20,9 +22,10 @@ import pytest
 from fastper import PrioritizedReplayBuffer
 from fastper._kernels import ring as _ring
 from fastper._kernels import tree as _tk
-from fastper.policy import stratified_targets
+from fastper._kernels import weights as _weights
+from fastper.policy import batch_order, stratified_targets
 from fastper.sampler_base import PriorityMax, new_priorities
-from fastper.samplers import ProportionalSampler
+from fastper.samplers import NO_PERM, NO_ROWS, ProportionalSampler
 from fastper.trees import MinTree, SumTree
 
 SEED = 20261202
@@ -147,19 +150,45 @@ def test_shuffled_batch_is_the_stratum_order_batch_permuted_by_the_generator() -
     shuffled, ordered = (buf.sample(64) for buf in bufs)
     gen = np.random.Generator(np.random.PCG64(3))
     gen.random(64)
-    perm = gen.permutation(64)
+    perm = batch_order(gen.random(64))
+    assert sorted(perm.tolist()) == list(range(64)) and perm.tolist() != list(range(64))
     for name in ("indices", "probabilities", "weights", "keys"):
         assert bits(getattr(shuffled, name)) == bits(getattr(ordered, name)[perm]), name
     assert bits(shuffled.data["x"]) == bits(ordered.data["x"][perm])
-    # the next draw starts where permutation() left the generator
+    # the next draw starts where the order's uniforms left the generator
     nxt = bufs[0].sample(64)
     u = gen.random(64)
-    perm = gen.permutation(64)
+    perm = batch_order(gen.random(64))
     t = stratified_targets(u, bufs[0]._sampler.total, np.arange(64, dtype=np.float64))
     want = np.empty(64, dtype=np.int64)
     s = bufs[0]._sampler
     _tk.sum_find(s.leaves, s.sinner, s.offs, s.depth, t, want)
     np.testing.assert_array_equal(nxt.indices, want[perm])
+    assert bufs[0]._rng.bit_generator.state == gen.bit_generator.state
+
+
+@pytest.mark.parametrize("b", [2, 3, 5])
+def test_batch_order_is_a_uniform_permutation(b: int) -> None:
+    """Every one of the b! orders equally often (chi-square over 120,000 orders),
+    and every position of a batch of 256 holds each draw equally often."""
+    from math import factorial
+
+    from scipy import stats
+
+    rng = np.random.default_rng(SEED + b)
+    n = 120_000
+    v = rng.random((n, b))
+    codes = np.empty(n, dtype=np.int64)
+    out = np.empty(b, dtype=np.int64)
+    for i in range(n):  # the order as a number in base b
+        batch_order(v[i], out)
+        codes[i] = int((out * b ** np.arange(b)).sum())
+    _, counts = np.unique(codes, return_counts=True)
+    assert counts.shape[0] == factorial(b)  # every permutation, and nothing else
+    assert stats.chisquare(counts).pvalue > 1e-3
+    # where draw 0 goes in a batch of 256: uniform over the 256 positions
+    at = np.array([int(np.argmax(batch_order(rng.random(256)) == 0)) for _ in range(25_600)])
+    assert stats.chisquare(np.bincount(at, minlength=256)).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 7, 8, 1000, 2**20])
@@ -176,3 +205,81 @@ def test_slot_keys_equal_the_per_slot_formula(capacity: int) -> None:
             since = added - key_base
             want = key_base + slots + capacity * ((since - 1 - slots) // capacity)
             np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("norm", [0, 1, 2])
+def test_weights_with_the_rows_prefetched_are_the_same_bits(norm: int) -> None:
+    """The sampling kernel's weights while it prefetches the drawn rows: the shared
+    rule's bits, for batches that are not a multiple of the prefetch group and
+    records of one, two and several cache lines."""
+    rng = np.random.default_rng(SEED + norm)
+    capacity = 1000
+    for row_bytes in (16, 48, 100, 256):
+        rows = np.zeros(capacity * row_bytes, dtype=np.uint8)
+        for b in (1, 7, 8, 9, 256, 301):
+            masses = values(rng, b) + 1e-9
+            slots = rng.integers(0, capacity, b)
+            for low in (float(masses.min()) / 3, 0.0):  # 0: an underflowing law (inf)
+                want = np.empty(b)
+                got = np.full(b, np.nan)
+                _weights.is_weights_into(masses, 7.5, low, capacity, 0.4, norm, want)
+                _weights.is_weights_fetching(
+                    masses, 7.5, low, capacity, 0.4, norm, got, slots, rows, row_bytes
+                )
+                assert bits(got) == bits(want), (row_bytes, b, low)
+
+
+@pytest.mark.parametrize("norm", ["buffer", "batch", "none"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_sample_is_the_same_with_or_without_the_rows_prefetched(norm: str, shuffle: bool) -> None:
+    fields = {"obs": ((3,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
+    bufs = [
+        PrioritizedReplayBuffer(3000, fields, seed=7, shuffle=shuffle, weight_norm=norm)
+        for _ in range(2)
+    ]
+    assert bufs[0]._storage.record_bytes[1] == 24  # the records are prefetched ...
+    bufs[1]._storage.record_bytes = (NO_ROWS, 0)  # ... and here not
+    rng = np.random.default_rng(SEED)
+    rows = {
+        "obs": rng.standard_normal((2500, 3)).astype(np.float32),
+        "action": rng.integers(0, 9, 2500),
+        "reward": rng.standard_normal(2500).astype(np.float32),
+    }
+    p = np.abs(rng.standard_normal(2500)) + 0.01
+    for buf in bufs:
+        buf.add(rows)
+        buf.update_priorities(np.arange(2500), p)
+    for b in (1, 5, 256):
+        with_rows, without = (buf.sample(b) for buf in bufs)
+        for name in ("indices", "probabilities", "weights", "keys"):
+            assert bits(getattr(with_rows, name)) == bits(getattr(without, name)), (b, name)
+        for name in fields:
+            assert bits(with_rows.data[name]) == bits(without.data[name]), (b, name)
+            assert bits(with_rows.data[name]) == bits(rows[name][with_rows.indices]), (b, name)
+
+
+def test_batch_order_refuses_bad_arrays_and_stays_inside_its_output() -> None:
+    with pytest.raises(TypeError, match="`v` must be a 1-D float64"):
+        batch_order(np.zeros(4, dtype=np.float32))
+    with pytest.raises(TypeError, match="`out` must be a writable int64 array of shape"):
+        batch_order(np.zeros(4), np.empty(3, dtype=np.int64))
+    with pytest.raises(TypeError, match="`out` must be a writable int64"):
+        batch_order(np.zeros(4), np.empty(4, dtype=np.int32))
+    # uniforms outside [0, 1) (NaN, negative, 1 and above) still give a permutation,
+    # and nothing beside the output is written
+    big = np.full(12, -7, dtype=np.int64)
+    batch_order(np.array([0.5, np.nan, -3.0, 1.0, 7.5, 0.99]), big[3:9])
+    assert sorted(big[3:9].tolist()) == list(range(6))
+    assert (big[:3] == -7).all() and (big[9:] == -7).all()
+
+
+def test_the_rows_to_prefetch_must_cover_the_capacity() -> None:
+    s = ProportionalSampler(100, 1.0)
+    s.write(np.arange(100, dtype=np.int64), np.ones(100))
+    u = np.random.default_rng(SEED).random(8)
+    with pytest.raises(ValueError, match="`rows` must hold capacity \\* row_bytes"):
+        s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100, np.zeros(99 * 48, np.uint8), 48)
+    got = s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100, np.zeros(100 * 48, np.uint8), 48)
+    want = s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100)
+    for a, b in zip(got, want, strict=True):
+        assert bits(a) == bits(b)

@@ -25,7 +25,7 @@ from .tree import (
     fix_sum_min_paths,
     rebuild,
 )
-from .weights import is_weights_into
+from .weights import is_weights_fetching, is_weights_into
 
 
 @njit(cache=True, nogil=True)
@@ -190,6 +190,8 @@ def prop_sample(
     out_prob,
     out_w,
     out_keys,
+    rows,
+    row_bytes,
 ):  # pragma: no cover - compiled
     """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
 
@@ -201,7 +203,10 @@ def prop_sample(
     buffer-wide largest weight (smallest positive leaf, from the min tree),
     1 = by the batch's largest weight, 2 = no normalisation. Keys as
     :func:`slot_keys` (``key_base``, ``added``, ``capacity``): one call does
-    what several did, and each call costs a dispatch of about 1 us.
+    what several did, and each call costs a dispatch of about 1 us. ``rows``
+    (uint8) holds the storage's records, ``row_bytes`` each (0: no records):
+    the drawn rows are prefetched while the weights are computed
+    (:func:`~fastper._kernels.weights.is_weights_fetching`).
     """
     total = sinner[offs[depth]]
     b = u.shape[0]
@@ -222,7 +227,12 @@ def prop_sample(
         out_prob[k] = leaf
     # the min tree is read only for the buffer-wide normalisation (without it, empty)
     lmin = minner[offs[depth]] if norm_mode == 0 else 0.0
-    is_weights_into(out_prob, total, lmin, n, beta, norm_mode, out_w)
+    if row_bytes:  # the drawn rows come into the cache meanwhile
+        is_weights_fetching(
+            out_prob, total, lmin, n, beta, norm_mode, out_w, out_idx, rows, row_bytes
+        )
+    else:
+        is_weights_into(out_prob, total, lmin, n, beta, norm_mode, out_w)
     for k in range(b):
         out_prob[k] = out_prob[k] / total
     slot_keys(out_idx, key_base, added, capacity, out_keys)

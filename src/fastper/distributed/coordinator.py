@@ -77,7 +77,7 @@ from .._validation import (
 from ..batch import SampleBatch, check_batch_size
 from ..checkpoint import make_parent
 from ..errors import CheckpointError, EmptyBufferError, InvalidIndexError, ZeroPriorityError
-from ..policy import NORMS, is_weights, probabilities
+from ..policy import NORMS, batch_order, is_weights, probabilities
 from .plan import ShardView, Split, draw_masses, group_by_shard, rendezvous, split_points
 from .shard import DRAW_EMPTY, DRAW_OK, DRAW_ZERO
 from .transport import LocalTransport, ShardLostError, ShardLostWarning, Transport
@@ -676,7 +676,7 @@ class ShardedReplayBuffer:
         for j in range(m):  # per batch: its uniforms, then its order (one buffer's draws)
             states.append(self._rng.bit_generator.state if carry else None)  # strict: sample() keeps it
             self._rng.random(out=u[j])
-            perms.append(self._rng.permutation(b) if self._shuffle and b > 1 else None)
+            perms.append(batch_order(self._rng.random(b)) if self._shuffle and b > 1 else None)
         split = split_points(u if m > 1 else u[0], totals, self._stratified)  # all at once
         splits = [split]
         shard, local = split.shard, split.local
