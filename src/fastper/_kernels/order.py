@@ -16,8 +16,8 @@ def batch_order(v, out):  # pragma: no cover - compiled
     ``floor(v[i] * (i + 1))``, a uniform pick among ``0 .. i`` (``v[0]`` is not
     used). A 53-bit uniform picks each of at most ``2^24`` positions with a
     relative error of order ``2^-28`` (the product rounds too): far below what
-    any number of batches can show. Several times cheaper than ``Generator.permutation``, which draws
-    bounded integers one call at a time.
+    any number of batches can show. Several times cheaper than
+    ``Generator.permutation``, which draws bounded integers one call at a time.
     """
     b = v.shape[0]
     for i in range(b):
