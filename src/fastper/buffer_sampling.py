@@ -30,7 +30,7 @@ from .buffer_state import StateMixin
 from .errors import EmptyBufferError, InvalidIndexError
 from .frames import FrameStore
 from .samplers import NO_PERM, NO_ROWS, NORM_CODES
-from .storage import PlacedByMass
+from .storage import PlacedByMass, check_record_bytes
 
 #: what a storage without records gives the search to prefetch: nothing
 _NO_RECORDS = (NO_ROWS, 0)
@@ -51,6 +51,8 @@ class SamplingMixin(StateMixin):
     _row_nbytes: int
     _last_draw: tuple[int, Any] | None = None  # (step after it, what to put back): see undraw
     _perm_out: np.ndarray | None = None
+    #: the storage's ``record_bytes`` last checked (see _draw)
+    _records_checked: tuple[np.ndarray, int] | None = None
 
     @property
     def num_valid(self) -> int:  # pragma: no cover - the buffer's
@@ -263,6 +265,13 @@ class SamplingMixin(StateMixin):
             if self._gather_can_fail
             else None
         )  # fmt: skip
+        # a records storage's rows are prefetched by the search, for the gather (what
+        # the storage says of them is checked when it changes, before anything else)
+        records = getattr(self._storage, "record_bytes", _NO_RECORDS)
+        if records is not self._records_checked:
+            check_record_bytes(records, self._capacity)
+            self._records_checked = records
+        rows, row_bytes = records
         pending = self._pending_switch
         if pending is not None and self._step >= pending["at_step"]:
             self._switch(pending)  # checks before it changes anything
@@ -290,8 +299,6 @@ class SamplingMixin(StateMixin):
         norm = NORM_CODES[self._weight_norm]
         permuted = getattr(sampler, "sample_permuted", None)  # orders the draws itself
         if permuted is not None:
-            # a records storage's rows are prefetched by the search, for the gather
-            rows, row_bytes = getattr(self._storage, "record_bytes", _NO_RECORDS)
             idx, prob, weights, keys = permuted(
                 u, perm, n, beta_v, self._stratified, norm, w.key_base, w.added, rows, row_bytes
             )

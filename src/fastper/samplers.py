@@ -49,6 +49,7 @@ from .sampler_base import (
     new_priorities,
     slot_keys,
 )
+from .storage import check_record_bytes
 from .trees import SumTree
 
 NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
@@ -253,10 +254,7 @@ class ProportionalSampler(Sampler):
         if norm == 0 and not self.track_min:
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
-            raise ValueError(
-                f"`rows` must hold capacity * row_bytes = {self.capacity} * {row_bytes} bytes "
-                f"(the storage's records), got {rows.shape[0]}"
-            )
+            check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
         b = u.shape[0]
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)

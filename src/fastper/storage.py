@@ -456,6 +456,28 @@ class DirectRows:
         return out
 
 
+def check_record_bytes(record_bytes: Any, capacity: int) -> None:
+    """Refuse a :attr:`Storage.record_bytes` that does not describe records of every
+    slot: ``(rows, row_bytes)``, ``rows`` a 1-D uint8 array of at least
+    ``capacity * row_bytes`` bytes, ``row_bytes`` an int >= 0 (0: no records to
+    prefetch). O(1)."""
+    ok = type(record_bytes) is tuple and len(record_bytes) == 2
+    rows, row_bytes = record_bytes if ok else (None, None)
+    if not (
+        ok and type(row_bytes) is int and row_bytes >= 0 and isinstance(rows, np.ndarray)
+        and rows.dtype == np.uint8 and rows.ndim == 1
+    ):  # fmt: skip
+        raise TypeError(
+            "a storage's `record_bytes` must be (a 1-D uint8 array, the bytes of one "
+            f"record as an int >= 0), got {record_bytes!r:.120}"
+        )
+    if row_bytes and rows.shape[0] < capacity * row_bytes:
+        raise ValueError(
+            f"a storage's `record_bytes` must hold capacity * row_bytes = {capacity} * "
+            f"{row_bytes} bytes (its records), got {rows.shape[0]}"
+        )
+
+
 def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     """The source of :attr:`DirectRows.match` for these fields (see there).
 

@@ -277,9 +277,44 @@ def test_the_rows_to_prefetch_must_cover_the_capacity() -> None:
     s = ProportionalSampler(100, 1.0)
     s.write(np.arange(100, dtype=np.int64), np.ones(100))
     u = np.random.default_rng(SEED).random(8)
-    with pytest.raises(ValueError, match="`rows` must hold capacity \\* row_bytes"):
+    with pytest.raises(ValueError, match="`record_bytes` must hold capacity \\* row_bytes"):
         s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100, np.zeros(99 * 48, np.uint8), 48)
     got = s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100, np.zeros(100 * 48, np.uint8), 48)
     want = s.sample_permuted(u, NO_PERM, 100, 0.4, True, 0, 0, 100)
     for a, b in zip(got, want, strict=True):
         assert bits(a) == bits(b)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ((np.zeros(10, np.uint8), 24), ValueError),  # too short for the capacity
+        ((np.zeros(3000 * 24, np.float32), 24), TypeError),  # not bytes
+        ((np.zeros(3000 * 24, np.uint8),), TypeError),  # not a pair
+        ((np.zeros(3000 * 24, np.uint8), -1), TypeError),
+    ],
+)
+def test_a_storage_that_misdescribes_its_records_is_refused_before_a_draw(
+    bad: tuple, error: type
+) -> None:
+    fields = {"obs": ((3,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
+    buf, twin = (PrioritizedReplayBuffer(3000, fields, seed=7) for _ in range(2))
+    rng = np.random.default_rng(SEED)
+    rows = {
+        "obs": rng.standard_normal((500, 3)).astype(np.float32),
+        "action": rng.integers(0, 9, 500),
+        "reward": rng.standard_normal(500).astype(np.float32),
+    }
+    for b in (buf, twin):
+        b.add(rows)
+        b.sample(32)
+    good = buf._storage.record_bytes
+    buf._storage.record_bytes = bad
+    before = buf._rng.bit_generator.state, buf.step
+    with pytest.raises(error, match="`record_bytes` must"):
+        buf.sample(32)
+    assert (buf._rng.bit_generator.state, buf.step) == before  # nothing drawn, no step
+    buf._storage.record_bytes = good
+    a, b = buf.sample(32), twin.sample(32)
+    for name in ("indices", "weights", "keys"):
+        assert bits(getattr(a, name)) == bits(getattr(b, name)), name
