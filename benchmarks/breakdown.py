@@ -14,8 +14,8 @@ each round's median):
   fresh sample each call (cold paths, as in ``peers.py``), and the learner
   step (sample + update);
 * the same steps without the public call's checks, schedules and lock
-  (uniforms, the search / weights / keys kernel, the storage's gather and the
-  SampleBatch), the kernel alone (with its uniforms; it also prefetches the
+  (uniforms, the search / weights / keys / batch order kernel, the storage's
+  gather and the SampleBatch), the kernel alone (with its uniforms; it also prefetches the
   drawn rows of a records storage, which the gather then finds in cache), and
   the update kernel
   through the sampler; each part in the table is a difference of two of these
@@ -152,12 +152,12 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
         from fastper.buffers import SampleBatch
 
         def f() -> SampleBatch:
-            u = buf._rng.random(batch)
+            u = buf._rng.random(2 * batch)  # targets, then the batch order
             idx, prob, w, keys = smp.sample_permuted(
-                u, no_perm, len(buf), 0.4, True, 0, 0, buf.total_added, rows, row_bytes
+                u, no_perm, len(buf), 0.4, True, 0, 0, buf.total_added, rows, row_bytes, True
             )
             data = storage.gather(idx)
-            return SampleBatch(data=data, indices=idx, weights=w, probabilities=prob, keys=keys)
+            return SampleBatch._made(data, idx, w, prob, keys, 0.4)
 
         return f
 
@@ -166,10 +166,11 @@ def measure(capacity: int, batch: int, calls: int, rounds: int) -> dict[str, flo
         no_perm = np.empty(0, dtype=np.int64)  # draws in stratum order
 
         def f() -> object:
-            u = buf._rng.random(batch)
+            u = buf._rng.random(2 * batch)  # targets, then the batch order
             return tk.prop_sample(
-                smp.leaves, smp.sinner, smp.minner, smp.offs, smp.depth, u, no_perm, True, 0.4, n,
-                0, 0, buf.total_added, capacity, out_idx, out_p, out_w, out_k, rows, row_bytes,
+                smp.leaves, smp.sinner, smp.minner, smp.offs, smp.depth, u, no_perm, True, True,
+                0.4, n, 0, 0, buf.total_added, capacity, out_idx, out_p, out_w, out_k, rows,
+                row_bytes,
             )  # fmt: skip
 
         return f
@@ -227,7 +228,7 @@ def table(results: dict[int, dict[str, float]], batch: int) -> str:
 
     row("`sample(B)`, us", lambda r: r["sample"])
     row(
-        "- uniforms + search / weights / keys kernel (prefetching the rows)",
+        "- uniforms + search / weights / keys / batch order kernel (prefetching the rows)",
         lambda r: r["uniforms + search/weights/keys kernel"],
     )
     row(
@@ -237,7 +238,7 @@ def table(results: dict[int, dict[str, float]], batch: int) -> str:
         ),
     )
     row(
-        "- checks, schedules, batch order, lock",
+        "- checks, schedules, lock",
         lambda r: r["sample"] - r["sample, its steps called directly"],
     )
     row("`update_priorities`, cold paths, us", lambda r: r["update"])

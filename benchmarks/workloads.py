@@ -5,7 +5,9 @@
 Rows (with their target ratios, `fastper._bench.TARGETS`), full and half full:
 a linear alpha schedule vs a constant alpha (<= 1.1x), rank-based and uniform
 replay vs proportional with one add, one sample and one update per step (rank
-<= 1.5x); then an n-step add of one transition vs a plain one and a 4-env
+<= 1.5x), and the same step with `weight_norm="batch"` (no min tree: <= 1.0x)
+and with `max_priority="current"` (a max tree: <= 1.2x) vs the defaults; then
+an n-step add of one transition vs a plain one and a 4-env
 vector step vs a plain 4-row batch (<= 1.5x). Each pair runs in interleaved
 rounds (median of the rounds' medians, and the range of the rounds' ratios):
 this shared 2-core machine's speed drifts by up to 2x within minutes.

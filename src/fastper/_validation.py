@@ -170,14 +170,20 @@ def ndim_error(name: str, shape: tuple[int, ...]) -> ValueError:
     return ValueError(f"`{name}` must be 1-D, got {name} with shape {tuple(shape)}")
 
 
+_INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
+
+
 def as_1d(name: str, value: Any, kinds: str) -> np.ndarray:
     """Cheap conversion to a 1-D int64 / float64 array; ranges are checked later.
 
     A torch tensor is detached and copied to the host (see :func:`to_numpy`).
     """
-    dtype = np.int64 if kinds == "iu" else np.float64
-    if type(value) is np.ndarray and value.dtype == dtype and value.ndim == 1:
-        return value  # the common case: arrays straight from a SampleBatch
+    dtype = _INT64 if kinds == "iu" else _FLOAT64
+    if type(value) is np.ndarray and value.ndim == 1:
+        d = value.dtype
+        if d is dtype or d == dtype:
+            return value  # the common case: arrays straight from a SampleBatch
     arr = to_numpy(value)
     if arr.ndim == 0:
         arr = arr.reshape(1)

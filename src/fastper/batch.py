@@ -22,6 +22,8 @@ from ._validation import check_int
 from .errors import require
 from .storage import physical_memory
 
+_new = object.__new__
+
 __all__ = [
     "DRAW_NBYTES",
     "MAX_BATCH_SIZE",
@@ -114,6 +116,24 @@ class SampleBatch:
     keys: np.ndarray
     beta: float | None = None
     staleness: int = 0
+
+    @classmethod
+    def _made(
+        cls, data: dict[str, np.ndarray], indices: np.ndarray, weights: np.ndarray,
+        probabilities: np.ndarray, keys: np.ndarray, beta: float | None,
+    ) -> SampleBatch:  # fmt: skip
+        """The batch a buffer has just drawn: what ``SampleBatch(...)`` makes, without
+        the frozen class's seven guarded attribute sets (0.6 us of every sample)."""
+        batch = _new(cls)
+        d = batch.__dict__
+        d["data"] = data
+        d["indices"] = indices
+        d["weights"] = weights
+        d["probabilities"] = probabilities
+        d["keys"] = keys
+        d["beta"] = beta
+        d["staleness"] = 0
+        return batch
 
     def __getitem__(self, field: str) -> np.ndarray:
         return self.data[field]

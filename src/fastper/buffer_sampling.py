@@ -120,7 +120,6 @@ class SamplingMixin(StateMixin):
         return self._gather(idx)
 
     # -- sample ----------------------------------------------------------------
-    @locked
     def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
         """Draw ``batch_size`` transitions with replacement. O(B log N).
 
@@ -146,15 +145,18 @@ class SamplingMixin(StateMixin):
             ValueError, TypeError: a bad ``batch_size`` (at most 2^24, or what
                 fits in memory) or ``beta``.
         """
-        idx, prob, weights, keys, beta_v, undo = self._draw(batch_size, beta)
-        try:
-            data = self._gather(idx)
-        except BaseException:
-            if undo is not None:
-                self._undo_draw(undo)
-            raise
-        self._after_draw()
-        return SampleBatch(data, idx, weights, prob, keys, beta_v)
+        with self._lock:  # (not @locked: one call frame less on the learner's every step)
+            if self._run_count:  # new transitions' priorities not yet in the index
+                self._flush_run()
+            idx, prob, weights, keys, beta_v, undo = self._draw(batch_size, beta)
+            try:
+                data = self._gather(idx)
+            except BaseException:
+                if undo is not None:
+                    self._undo_draw(undo)
+                raise
+            self._after_draw()
+            return SampleBatch._made(data, idx, weights, prob, keys, beta_v)
 
     @locked
     def draw(
@@ -289,25 +291,23 @@ class SamplingMixin(StateMixin):
         # from it would each get a contiguous piece of the ring): B uniforms for
         # the targets, then B for the order (fastper.policy, "Batch order").
         shuffle = self._shuffle and b > 1
-        if shuffle:
-            draws = self._rng.random(2 * b)
-            u, perm = draws[:b], self._permutation(draws[b:])
-        else:
-            u, perm = self._rng.random(b), NO_PERM
+        draws = self._rng.random(2 * b if shuffle else b)
         w = self._writer
         sampler = self._sampler
         norm = NORM_CODES[self._weight_norm]
         permuted = getattr(sampler, "sample_permuted", None)  # orders the draws itself
-        if permuted is not None:
+        if permuted is not None:  # (the batch order too, from draws[b:])
             idx, prob, weights, keys = permuted(
-                u, perm, n, beta_v, self._stratified, norm, w.key_base, w.added, rows, row_bytes
-            )
+                draws, NO_PERM, n, beta_v, self._stratified, norm, w.key_base, w.added, rows,
+                row_bytes, shuffle,
+            )  # fmt: skip
             return idx, prob, weights, keys, beta_v, undo
         idx, prob, weights, keys = sampler.sample(
-            u, n, beta_v, self._stratified, norm, w.key_base, w.added
+            draws[:b], n, beta_v, self._stratified, norm, w.key_base, w.added
         )
         if not shuffle:
             return idx, prob, weights, keys, beta_v, undo
+        perm = self._permutation(draws[b:])
         return idx[perm], prob[perm], weights[perm], keys[perm], beta_v, undo
 
     def _permutation(self, v: np.ndarray) -> np.ndarray:

@@ -307,7 +307,6 @@ class _Buffer(RowsMixin):
         return self._frames
 
     # -- update ----------------------------------------------------------------
-    @locked
     def update_priorities(self, indices: Any, td_errors: Any, keys: Any = None) -> int:
         """Set p_i = min(|td_i|, clip) + eps for sampled slots. O(B log N).
 
@@ -327,58 +326,65 @@ class _Buffer(RowsMixin):
             InvalidIndexError: an index out of range or never written.
             ValueError: td errors not finite, lengths differ, bad keys.
         """
-        if type(indices) is not np.ndarray:  # a sampled batch stands for its indices and keys
-            indices, keys = unwrap_batch(indices, keys)
-        idx = _as_1d("indices", indices, "iu")
-        td = _as_1d("td_errors", td_errors, "iuf")
-        use_keys = keys is not None
-        key_arr = _as_1d("keys", keys, "iu") if use_keys else _NO_KEYS
-        for name, arr in (("td_errors", td), ("keys", key_arr if use_keys else idx)):
-            if arr.shape[0] != idx.shape[0]:
+        with self._lock:  # (not @locked: one call frame less on the learner's every step)
+            if self._run_count:  # new transitions' priorities not yet in the index
+                self._flush_run()
+            if type(indices) is SampleBatch and keys is None:  # the learner's usual call
+                indices, keys = indices.indices, indices.keys
+            elif type(indices) is not np.ndarray:  # a sampled batch stands for its indices and keys
+                indices, keys = unwrap_batch(indices, keys)
+            idx = _as_1d("indices", indices, "iu")
+            td = _as_1d("td_errors", td_errors, "iuf")
+            use_keys = keys is not None
+            key_arr = _as_1d("keys", keys, "iu") if use_keys else _NO_KEYS
+            b = idx.shape[0]
+            if td.shape[0] != b or key_arr.shape[0] != b and use_keys:
+                name, arr = ("td_errors", td) if td.shape[0] != b else ("keys", key_arr)
                 raise ValueError(
-                    f"`{name}` must have {idx.shape[0]} entries (one entry per index), "
+                    f"`{name}` must have {b} entries (one entry per index), "
                     f"got {name} with {arr.shape[0]}"
                 )
-        invalid = 0
-        if self._validity.n_invalid:
-            # invalid slots keep zero mass: drop their updates
-            as_index_array("indices", idx, self._capacity, written=len(self))
-            keep = self._validity.valid(idx)
-            invalid = int(keep.shape[0] - np.count_nonzero(keep))
-            if invalid:
-                idx, td = idx[keep], td[keep]
-                key_arr = key_arr[keep] if use_keys else key_arr
-        sigma = self._noise_schedule(self._step)
-        rng_state = None
-        given = td
-        if sigma:
-            sigma = check_real("priority_noise", sigma, minimum=0.0)
-            rng_state = self._rng.bit_generator.state
-            with np.errstate(over="ignore", invalid="ignore"):
-                td = np.abs(td) * np.exp(sigma * self._rng.standard_normal(td.shape[0]))
-        status = self._status  # the kernel resets it; the lock keeps it ours
-        w = self._writer
-        pmax = self._sampler.update_from_td(
-            idx, td, key_arr, use_keys, self._eps, self._clip_value, len(self),
-            w.key_base, w.added, status,
-        )  # fmt: skip
-        if status[0]:
-            if rng_state is not None:
-                self._rng.bit_generator.state = rng_state
-            self._raise_update_error(int(status[0]), idx, given, key_arr)
-            # the input was fine: the noise pushed a priority out of range
-            raise ValueError(
-                f"`priority_noise` sigma={sigma!r} made a priority non-finite or too large "
-                f"for the sum tree; use a smaller sigma (kernel code {int(status[0])})"
-            )
-        kept = int(status[2])
-        if kept:
-            self._max_seen = max(self._max_seen, pmax)
-            self._last_max = pmax
-            if self._current_max is not None:
-                self._current_max.fix(idx)
-        self._stale_updates += int(status[3]) + invalid
-        return kept
+            invalid = 0
+            if self._validity.n_invalid:
+                # invalid slots keep zero mass: drop their updates
+                as_index_array("indices", idx, self._capacity, written=len(self))
+                keep = self._validity.valid(idx)
+                invalid = int(keep.shape[0] - np.count_nonzero(keep))
+                if invalid:
+                    idx, td = idx[keep], td[keep]
+                    key_arr = key_arr[keep] if use_keys else key_arr
+            sigma = self._noise_schedule(self._step)
+            rng_state = None
+            given = td
+            if sigma:
+                sigma = check_real("priority_noise", sigma, minimum=0.0)
+                rng_state = self._rng.bit_generator.state
+                with np.errstate(over="ignore", invalid="ignore"):
+                    td = np.abs(td) * np.exp(sigma * self._rng.standard_normal(td.shape[0]))
+            status = self._status  # the kernel resets it; the lock keeps it ours
+            w = self._writer
+            pmax = self._sampler.update_from_td(
+                idx, td, key_arr, use_keys, self._eps, self._clip_value, w.size,
+                w.key_base, w.added, status,
+            )  # fmt: skip
+            code, _, kept, stale = status.tolist()  # (one call: cheaper than four reads)
+            if code:
+                if rng_state is not None:
+                    self._rng.bit_generator.state = rng_state
+                self._raise_update_error(code, idx, given, key_arr)
+                # the input was fine: the noise pushed a priority out of range
+                raise ValueError(
+                    f"`priority_noise` sigma={sigma!r} made a priority non-finite or too large "
+                    f"for the sum tree; use a smaller sigma (kernel code {code})"
+                )
+            if kept:
+                if pmax > self._max_seen:
+                    self._max_seen = pmax
+                self._last_max = pmax
+                if self._current_max is not None:
+                    self._current_max.fix(idx)
+            self._stale_updates += stale + invalid
+            return kept
 
     def _raise_update_error(
         self, code: int, idx: np.ndarray, td: np.ndarray, keys: np.ndarray

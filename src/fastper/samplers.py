@@ -14,9 +14,11 @@ Common contract (the buffer holds its lock around every call):
     ``update_from_td(...)``: validate an update, drop stale entries, write the rest.
     ``sample(u, n, beta, stratified, norm, key_base, added)``: indices, P(i),
     IS weights and the key of each sampled slot's occupant (:func:`slot_keys`).
-    ``sample_permuted(u, perm, n, ..., rows=, row_bytes=)`` (optional; the
-    proportional sampler): ``sample``'s outputs indexed by ``perm``, made in that
-    order by one call, which also prefetches the drawn rows of a records storage.
+    ``sample_permuted(u, perm, n, ..., rows=, row_bytes=, shuffle=)`` (optional;
+    the proportional sampler): ``sample``'s outputs indexed by ``perm`` (or, with
+    ``shuffle``, by the batch order of ``B`` more uniforms after the ``B`` of
+    ``u``), made in that order by one call, which also prefetches the drawn rows
+    of a records storage.
     ``set_alpha(alpha, n)``: re-weight every stored priority exactly. O(N).
     ``state_dict(n)`` / ``load_state_dict(state, n)``: the checkpointed state.
     ``reset_priorities(p, n)``: take these priorities and rebuild. O(N log N).
@@ -240,9 +242,14 @@ class ProportionalSampler(Sampler):
     def sample_permuted(
         self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
+        shuffle: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
         of ``0 .. len(u)-1``; empty: none) in the same compiled call. O(B log N).
+
+        ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the targets and then
+        ``B`` that order the batch (:func:`fastper.policy.batch_order` of
+        ``u[B:]``, in the same call); ``perm`` is not read.
 
         Keys, probabilities and weights come from that call too: one dispatch
         instead of several, and no copies to put the draws in random order.
@@ -255,14 +262,15 @@ class ProportionalSampler(Sampler):
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
             check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
-        b = u.shape[0]
+        b = u.shape[0] // 2 if shuffle else u.shape[0]
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
         keys = np.empty(b, dtype=np.int64)
         _pk.prop_sample(
-            self.leaves, self.sinner, self.minner, self.offs, self.depth, u, perm, stratified,
-            beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys, rows, row_bytes,
+            self.leaves, self.sinner, self.minner, self.offs, self.depth, u, perm, shuffle,
+            stratified, beta, n, norm, key_base, added, self.capacity, idx, prob, w, keys, rows,
+            row_bytes,
         )  # fmt: skip
         return idx, prob, w, keys
 

@@ -115,6 +115,15 @@ def test_sample_batch_structure(cls) -> None:
     np.testing.assert_array_equal(batch["obs"][:, 0], batch.indices)
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch.indices = np.zeros(8, dtype=np.int64)  # type: ignore[misc]
+    # a sampled batch is made without the dataclass's __init__: it must hold what
+    # that __init__ would set, every field with its default, and nothing else
+    same = SampleBatch(
+        batch.data, batch.indices, batch.weights, batch.probabilities, batch.keys, batch.beta
+    )
+    assert vars(batch).keys() == vars(same).keys() == {f.name for f in dataclasses.fields(same)}
+    for f in dataclasses.fields(same):
+        assert getattr(batch, f.name) is getattr(same, f.name)
+    assert batch.staleness == 0 and batch.beta is not None
 
 
 @all_buffers

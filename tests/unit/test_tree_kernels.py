@@ -134,6 +134,15 @@ def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(
         permuted = s.sample_permuted(u, perm, capacity, 0.4, stratified, norm, 11, 3 * capacity + 5)
         for a, p in zip(plain, permuted, strict=True):
             assert bits(a[perm]) == bits(p)
+        # shuffle: B more uniforms order the batch, in the same call
+        v = rng.random(b)
+        shuffled = s.sample_permuted(
+            np.concatenate((u, v)), NO_PERM, capacity, 0.4, stratified, norm, 11,
+            3 * capacity + 5, shuffle=True,
+        )  # fmt: skip
+        order = batch_order(v)
+        for a, p in zip(plain, shuffled, strict=True):
+            assert bits(a[order]) == bits(p)
 
 
 def test_shuffled_batch_is_the_stratum_order_batch_permuted_by_the_generator() -> None:

@@ -11,15 +11,16 @@ import numpy as np
 
 from ._intrinsics import prefetch
 from ._jit import njit
+from .order import batch_order
 from .ring import slot_keys, td_priorities
 from .tree import (
     MIN_POSITIVE,
     SUM,
     K,
+    _combine,
     _descend,
     _find_careful,
-    _min_node,
-    _sum_node,
+    _sum8,
     _u,
     fix_paths,
     fix_sum_min_paths,
@@ -77,10 +78,15 @@ def prop_write_run(
     for level in range(1, depth + 1):
         lo //= K
         hi //= K
+        here = offs[level]
+        below = 0 if level == 1 else offs[level - 1]
+        a = leaves if level == 1 else sinner  # the children, per level (see tree._combine)
+        m = leaves if level == 1 else minner
+        first = level == 1
         for j in range(lo, hi + 1):
-            _sum_node(leaves, sinner, offs, level, j)
+            sinner[_u(here + j)] = _sum8(a, below + K * j)
             if with_min:
-                _min_node(leaves, minner, offs, level, j, True)
+                minner[_u(here + j)] = _combine(m, below + K * j, MIN_POSITIVE, first)
 
 
 @njit(cache=True, nogil=True)
@@ -179,6 +185,7 @@ def prop_sample(
     depth,
     u,
     perm,
+    shuffle,
     stratified,
     beta,
     n,
@@ -193,11 +200,14 @@ def prop_sample(
     rows,
     row_bytes,
 ):  # pragma: no cover - compiled
-    """Draw ``len(u)`` leaves, their probabilities, importance weights and keys.
+    """Draw ``B = len(out_idx)`` leaves, their probabilities, importance weights and keys.
 
-    ``u`` holds uniforms in ``[0, 1)``. Stratified: draw ``k`` lands in the
-    ``k``-th of ``B`` equal slices of the total mass. ``perm`` (a permutation
-    of ``0..B-1``, or empty) puts the draws in random order: entry ``k`` of
+    ``u`` holds uniforms in ``[0, 1)``: ``B`` for the targets, then with
+    ``shuffle`` ``B`` more that put the draws in random order
+    (:func:`~fastper._kernels.order.batch_order` of ``u[B:]``, computed here: one
+    dispatch less). Stratified: draw ``k`` lands in the ``k``-th of ``B`` equal
+    slices of the total mass. ``perm`` (a permutation of ``0..B-1``, or empty;
+    not read with ``shuffle``) puts the draws in random order: entry ``k`` of
     every output is draw ``perm[k]``, as indexing the outputs with ``perm``
     would give, without the four copies. ``norm_mode``: 0 = divide by the
     buffer-wide largest weight (smallest positive leaf, from the min tree),
@@ -209,7 +219,10 @@ def prop_sample(
     (:func:`~fastper._kernels.weights.is_weights_fetching`).
     """
     total = sinner[offs[depth]]
-    b = u.shape[0]
+    b = out_idx.shape[0]
+    if shuffle:
+        perm = np.empty(b, dtype=np.int64)
+        batch_order(u[b:], perm)
     width = total / b
     t = np.empty(b)
     for k in range(b):
