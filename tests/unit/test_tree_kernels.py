@@ -143,6 +143,10 @@ def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(
         order = batch_order(v)
         for a, p in zip(plain, shuffled, strict=True):
             assert bits(a[order]) == bits(p)
+    # shuffle needs 2B uniforms: an odd count cannot be split, and is refused
+    with pytest.raises(ValueError, match="2B uniforms"):
+        s.sample_permuted(rng.random(5), NO_PERM, capacity, 0.4, stratified, norm, 0, capacity,
+                          shuffle=True)  # fmt: skip
 
 
 def test_shuffled_batch_is_the_stratum_order_batch_permuted_by_the_generator() -> None:

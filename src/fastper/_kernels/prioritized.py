@@ -222,7 +222,7 @@ def prop_sample(
     b = out_idx.shape[0]
     if shuffle:
         perm = np.empty(b, dtype=np.int64)
-        batch_order(u[b:], perm)
+        batch_order(u[b : 2 * b], perm)  # (the caller gives 2B uniforms)
     width = total / b
     t = np.empty(b)
     for k in range(b):
