@@ -338,7 +338,7 @@ class _Buffer(RowsMixin):
             use_keys = keys is not None
             key_arr = _as_1d("keys", keys, "iu") if use_keys else _NO_KEYS
             b = idx.shape[0]
-            if td.shape[0] != b or key_arr.shape[0] != b and use_keys:
+            if td.shape[0] != b or (use_keys and key_arr.shape[0] != b):
                 name, arr = ("td_errors", td) if td.shape[0] != b else ("keys", key_arr)
                 raise ValueError(
                     f"`{name}` must have {b} entries (one entry per index), "

@@ -245,7 +245,7 @@ class ProportionalSampler(Sampler):
         shuffle: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
-        of ``0 .. len(u)-1``; empty: none) in the same compiled call. O(B log N).
+        of ``0 .. B-1``, B draws; empty: none) in the same compiled call. O(B log N).
 
         ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the targets and then
         ``B`` that order the batch (:func:`fastper.policy.batch_order` of

@@ -108,7 +108,7 @@ def test_benchmarks_page_workloads_tables_are_the_committed_run() -> None:
     rows = [
         line for line in committed.splitlines() if line.startswith("| ") and "us/call" not in line
     ]
-    assert len(rows) >= 14  # two capacities, seven workloads each
+    assert len(rows) >= 24  # two capacities, twelve workloads each
     shown = {line.split("|")[1:6].__repr__() for line in page.splitlines() if line.startswith("| ")}
     missing = [row for row in rows if row.split("|")[1:6].__repr__() not in shown]
     assert not missing, missing

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from fastper import PrioritizedReplayBuffer
+from fastper._kernels import prioritized as _pk
 from fastper._kernels import ring as _ring
 from fastper._kernels import tree as _tk
 from fastper._kernels import weights as _weights
@@ -143,6 +144,16 @@ def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(
         order = batch_order(v)
         for a, p in zip(plain, shuffled, strict=True):
             assert bits(a[order]) == bits(p)
+    # the kernel itself refuses uniforms or a perm shorter than its outputs
+    out = [np.empty(4, dtype=d) for d in (np.int64, np.float64, np.float64, np.int64)]
+    for u_short, perm_bad, shuffle in ((rng.random(3), NO_PERM, False),
+                                       (rng.random(7), NO_PERM, True),
+                                       (rng.random(4), np.arange(3), False)):  # fmt: skip
+        with pytest.raises(ValueError, match="shorter than the batch"):
+            _pk.prop_sample(
+                s.leaves, s.sinner, s.minner, s.offs, s.depth, u_short, perm_bad, shuffle,
+                stratified, 0.4, capacity, norm, 0, capacity, capacity, *out, NO_ROWS, 0,
+            )  # fmt: skip
     # shuffle needs 2B uniforms: an odd count cannot be split, and is refused
     with pytest.raises(ValueError, match="2B uniforms"):
         s.sample_permuted(rng.random(5), NO_PERM, capacity, 0.4, stratified, norm, 0, capacity,

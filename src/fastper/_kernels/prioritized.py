@@ -220,6 +220,10 @@ def prop_sample(
     """
     total = sinner[offs[depth]]
     b = out_idx.shape[0]
+    if u.shape[0] < (2 * b if shuffle else b) or (
+        not shuffle and perm.shape[0] != 0 and perm.shape[0] != b
+    ):  # (numba reads past an array's end unchecked)
+        raise ValueError("prop_sample: u or perm shorter than the batch")
     if shuffle:
         perm = np.empty(b, dtype=np.int64)
         batch_order(u[b : 2 * b], perm)  # (the caller gives 2B uniforms)
