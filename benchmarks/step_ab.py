@@ -25,9 +25,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
+
+from before_after import _archive as archive  # (a sibling script, as the others import theirs)
 
 ROOT = Path(__file__).resolve().parents[1]
 CALLS = 300
@@ -103,17 +104,6 @@ def measure(capacity: int, calls: int) -> dict[str, float]:
     return out
 
 
-def _archive(rev: str, dest: Path) -> Path:
-    blob = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True
-    ).stdout
-    tar = dest / "src.tar"
-    tar.write_bytes(blob)
-    with tarfile.open(tar) as t:
-        t.extractall(dest / "base", filter="data")
-    return dest / "base" / "src"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", default="HEAD", help="the revision to compare with (default HEAD)")
@@ -128,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"base": _archive(args.base, Path(tmp)), "new": ROOT / "src"}
+        (Path(tmp) / "base").mkdir()
+        sides = {"base": archive(args.base, Path(tmp) / "base"), "new": ROOT / "src"}
         for cap in args.capacities:
             runs: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
             for r in range(args.rounds):
