@@ -14,14 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from ._kernels import order as _order
 from ._kernels import rank as _rk
 from .sampler_base import (
+    NO_PERM,
+    NO_ROWS,
     Sampler,
     check_priority_array,
     copy_priorities,
     normalised_weights,
     slot_keys,
 )
+from .storage import check_record_bytes
 
 __all__ = ["RankSampler"]
 
@@ -97,7 +101,7 @@ class RankSampler(Sampler):
             self._inn,
         ) = self._tree = _rk.new_tree(capacity)  # fmt: skip
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
-        self._scratch = np.empty((3, 256), dtype=np.int64)  # ranks and descent state of a draw
+        self._scratch = np.empty((5, 256), dtype=np.int64)  # ranks, descent, order, slots
         # a write's scratch (paths routed ahead, what each change does, the group's
         # slots) and the last sample's paths (count of draws and the routing version
         # then; slot -> draw table; paths): see _kernels.rank_writes._prepare
@@ -304,15 +308,42 @@ class RankSampler(Sampler):
         self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        return self.sample_permuted(u, NO_PERM, n, beta, stratified, norm, key_base, added)
+
+    def sample_permuted(
+        self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
+        shuffle: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
+        of ``0 .. B-1``; empty: none), as
+        :meth:`fastper.samplers.ProportionalSampler.sample_permuted` does.
+
+        ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the draws and then
+        ``B`` that order the batch (:func:`fastper.policy.batch_order`); ``perm``
+        is not read. ``rows`` / ``row_bytes``: the storage's records, whose drawn
+        rows the exact draw prefetches (a hint: the outputs are the same without).
+        Exact draws order the batch inside their compiled call; the segment law
+        orders its outputs after its draw. O(B log N).
+        """
+        if shuffle and u.shape[0] % 2:
+            raise ValueError(
+                f"`u` must hold 2B uniforms with shuffle=True (B for the draws, B for the "
+                f"order), got {u.shape[0]}"
+            )
+        b = u.shape[0] // 2 if shuffle else u.shape[0]
+        if not shuffle and perm.shape[0] not in (0, b):
+            raise ValueError(f"`perm` must be empty or hold {b} entries, got {perm.shape[0]}")
+        if row_bytes and rows.shape[0] < self.capacity * row_bytes:
+            check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
         # no recorded paths until this draw's are complete (a call that raises below
         # must not leave a count over tables it has not filled)
         self._sample[0] = 0
         self._maybe_sort(n)
         self.samples_since_sort += 1
-        b = u.shape[0]
         self.last_batch_size = b
         if self._scratch.shape[1] < b:
-            self._scratch = np.empty((3, b), dtype=np.int64)
+            self._scratch = np.empty((5, b), dtype=np.int64)
             self._stab = np.empty(4 << int(b - 1).bit_length(), dtype=np.int64)
             self._spaths = np.empty(b * _rk.MAXH, dtype=np.int64)
             self._warm_state = self._new_warm_state()
@@ -323,9 +354,9 @@ class RankSampler(Sampler):
             lengths = np.diff(bounds)
             if stratified:
                 seg = np.arange(b)
-                frac = u
+                frac = u[:b]
             else:
-                scaled = u * b
+                scaled = u[:b] * b
                 seg = np.minimum(scaled.astype(np.int64), b - 1)
                 frac = scaled - seg
             ranks[:] = bounds[seg] + np.minimum(
@@ -336,15 +367,22 @@ class RankSampler(Sampler):
             _rk.select(*self._tree, ranks, node, rem, idx, self._spaths, self._stab)
             keys = slot_keys(idx, key_base, added, self.capacity)
             weights = normalised_weights(prob, 1.0, pmin, n, beta, norm)
+            if shuffle:
+                perm = np.empty(b, dtype=np.int64)
+                _order.batch_order(u[b : 2 * b], perm)
+            if perm.shape[0]:
+                idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
         else:
             prob = np.empty(b, dtype=np.float64)
             weights = np.empty(b, dtype=np.float64)
             keys = np.empty(b, dtype=np.int64)
             pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
+            order = self._scratch[3, :b] if shuffle else perm  # (shuffle: filled there)
             _rk.sample_exact(
-                *self._tree, self.prefix, self._guide, self._scale, n, u, stratified,
-                self.alpha, ranks, node, rem, idx, prob, self._spaths, self._stab, key_base,
-                added, keys, float(beta), norm, pmin, weights,
+                *self._tree, self.prefix, self._guide, self._scale, n, u, order, shuffle,
+                stratified, self.alpha, ranks, node, rem, self._scratch[4, :b], idx, prob,
+                self._spaths, self._stab, key_base, added, keys, float(beta), norm, pmin,
+                weights, rows, row_bytes,
             )  # fmt: skip
         self._sample[0] = b  # their paths: an update of these slots need not route
         self._sample[1] = self._meta[_rk.VERSION]

@@ -21,6 +21,8 @@ from ._kernels import ring as _ring
 from ._kernels import tree as _tk
 
 NORM_CODES = _policy.NORM_CODES
+NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
+NO_ROWS = np.empty(0, dtype=np.uint8)  # sample_permuted: no rows to prefetch
 
 
 def slot_keys(idx: np.ndarray, key_base: int, added: int, capacity: int) -> np.ndarray:

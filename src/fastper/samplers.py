@@ -43,6 +43,8 @@ from ._kernels import tree as _tk
 from .errors import ZeroPriorityError
 from .rank_sampler import RankSampler
 from .sampler_base import (
+    NO_PERM,
+    NO_ROWS,
     NORM_CODES,
     PriorityMax,
     Sampler,
@@ -54,11 +56,11 @@ from .sampler_base import (
 from .storage import check_record_bytes
 from .trees import SumTree
 
-NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
-NO_ROWS = np.empty(0, dtype=np.uint8)  # sample_permuted: no rows to prefetch
 
 __all__ = [
     "NORM_CODES",
+    "NO_PERM",
+    "NO_ROWS",
     "PriorityMax",
     "ProportionalSampler",
     "RankSampler",

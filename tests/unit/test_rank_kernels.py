@@ -15,6 +15,8 @@ from numba import njit
 from fastper import policy
 from fastper._kernels import rank as _rk
 from fastper._kernels import rank_bits as rb
+from fastper.sampler_base import NO_PERM as _NO_PERM
+from fastper.sampler_base import NO_ROWS as _NO_ROWS
 from fastper.sampler_base import Sampler, normalised_weights
 from fastper.samplers import RankSampler
 from tests.unit.test_rank_structure import CHOICES, oracle_order, select
@@ -280,6 +282,70 @@ def test_sampled_weights_are_the_shared_rule_bit_for_bit(norm):
                 w, policy.is_weights(prob, 1.0, pmin, n, beta, policy.NORMS[norm])
             )
             np.testing.assert_array_equal(keys, idx + 7)
+
+
+@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("stratified", [True, False])
+@pytest.mark.parametrize("norm", [0, 1, 2])
+def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(segments, stratified, norm):
+    """The rank sampler orders its batch as the proportional one does: a given
+    ``perm``, or (``shuffle``) the batch order of B more uniforms, computed in the
+    same call; every output is the plain draw's indexed by it, bit for bit, and the
+    draw's recorded paths still serve the update after it."""
+    rng = np.random.default_rng(11 + norm)
+    cap = 3000
+    s = RankSampler(cap, 0.7, segments=segments)
+    s.write(np.arange(cap), rng.exponential(size=cap), new=True)
+    rows = np.zeros(cap * 24, np.uint8)  # records to prefetch: a hint, the same outputs
+    for b in (2, 3, 256):
+        u = rng.random(b)
+        perm = rng.permutation(b)
+        plain = s.sample(u, cap, 0.4, stratified, norm, 7, cap + 7)
+        permuted = s.sample_permuted(u, perm, cap, 0.4, stratified, norm, 7, cap + 7)
+        for a, p in zip(plain, permuted, strict=True):
+            np.testing.assert_array_equal(a[perm], p)
+        v = rng.random(b)
+        shuffled = s.sample_permuted(
+            np.concatenate((u, v)), _NO_PERM, cap, 0.4, stratified, norm, 7, cap + 7, rows, 24,
+            shuffle=True,
+        )  # fmt: skip
+        order = policy.batch_order(v)
+        for a, p in zip(plain, shuffled, strict=True):
+            np.testing.assert_array_equal(a[order], p)
+        # the update of the shuffled draw's slots goes along its recorded paths
+        idx = shuffled[0]
+        new_p = rng.exponential(size=b)
+        s.write(idx, new_p)
+        last = {int(i): float(p) for i, p in zip(idx, new_p, strict=True)}  # last one wins
+        np.testing.assert_array_equal(s.raw[list(last)], list(last.values()))
+        check_invariants(s, cap)
+        np.testing.assert_array_equal(s.order, oracle_order(s.raw[:cap]))
+
+
+def test_permuted_draw_refuses_what_does_not_fit_the_batch():
+    rng = np.random.default_rng(12)
+    s = RankSampler(100, 0.7)
+    s.write(np.arange(100), rng.exponential(size=100), new=True)
+    with pytest.raises(ValueError, match="2B uniforms"):
+        s.sample_permuted(rng.random(5), _NO_PERM, 100, 0.4, True, 0, 0, 100, shuffle=True)
+    with pytest.raises(ValueError, match="`perm` must be empty or hold 4 entries"):
+        s.sample_permuted(rng.random(4), np.arange(3), 100, 0.4, True, 0, 0, 100)
+    with pytest.raises(ValueError, match="`record_bytes` must hold capacity \\* row_bytes"):
+        s.sample_permuted(rng.random(4), _NO_PERM, 100, 0.4, True, 0, 0, 100,
+                          np.zeros(99 * 24, np.uint8), 24)  # fmt: skip
+    # the kernel itself refuses uniforms, a perm or scratch shorter than the batch
+    i64 = [np.empty(4, np.int64) for _ in range(4)]
+    for u, perm, shuffle, sel in ((rng.random(3), _NO_PERM, False, 4),
+                                  (rng.random(7), np.empty(4, np.int64), True, 4),
+                                  (rng.random(8), np.empty(3, np.int64), True, 4),
+                                  (rng.random(4), np.arange(3), False, 4),
+                                  (rng.random(4), _NO_PERM, False, 3)):  # fmt: skip
+        with pytest.raises(ValueError, match="shorter than the batch"):
+            _rk.sample_exact(
+                *s._tree, s.prefix, s._guide, s._scale, 100, u, perm, shuffle, True, 0.7,
+                *i64[:3], np.empty(sel, np.int64), i64[3], np.empty(4), s._spaths, s._stab, 0,
+                100, np.empty(4, np.int64), 0.4, 0, 1.0, np.empty(4), _NO_ROWS, 0,
+            )  # fmt: skip
 
 
 def _base_update(s: RankSampler, *args):  # noqa: ANN202

@@ -23,6 +23,7 @@ import numpy as np
 
 from ._intrinsics import prefetch
 from ._jit import njit
+from .order import batch_order
 from .rank_bits import low_bits, popcount, select_bit
 from .rank_tree import (
     _HOT,
@@ -63,7 +64,7 @@ from .rank_writes import (
     write_run,
 )
 from .ring import slot_keys
-from .weights import is_weights_into
+from .weights import is_weights_fetching, is_weights_into
 
 GUIDE = 4  # ranks per guide-table bucket (see :func:`guide_table`)
 
@@ -245,8 +246,9 @@ def _find_rank(prefix, n, t, r):  # pragma: no cover - compiled
 
 @njit(**_HOT)
 def sample_exact(
-    meta, lp, ls, lm, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, stratified, alpha,
-    ranks, node, rem, out, prob, spaths, stab, key_base, added, keys, beta, norm, pmin, weights,
+    meta, lp, ls, lm, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, perm, shuffle,
+    stratified, alpha, ranks, node, rem, sel, out, prob, spaths, stab, key_base, added, keys,
+    beta, norm, pmin, weights, rows, row_bytes,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Draw ranks from P(r) = (r + 1)^-alpha / prefix[n - 1] (0-based r), then their slots.
 
@@ -257,28 +259,56 @@ def sample_exact(
     Two passes over the batch: the first finds where each search starts and
     prefetches its prefix sums, so that their misses overlap.
 
+    ``B = len(ranks)``. The batch order as in
+    :func:`~fastper._kernels.prioritized.prop_sample`: with ``shuffle``, ``u``
+    holds ``2B`` uniforms and the last ``B`` order the draws
+    (:func:`~fastper._kernels.order.batch_order`, computed here into ``perm``,
+    B int64 of scratch: this kernel allocates nothing); else entry ``k`` of
+    every output is draw ``perm[k]`` (``perm`` empty: draw ``k``). The draws
+    themselves are made in draw order (``ranks`` and ``sel``, B int64 of
+    scratch: the slots in that order), ascending ranks when stratified, so
+    that neighbouring descents share their nodes; only the outputs are
+    permuted. The paths recorded for a later update are those of draw order.
+    ``rows`` (uint8) holds the storage's records, ``row_bytes`` each (0: none):
+    the drawn rows are prefetched while the weights are computed.
+
     The weights follow the shared rule (:func:`fastper.policy.is_weights`, the
     probabilities being the masses, of total 1) with its expressions in its
     order, one ``pow`` per element: the same bits. ``norm``: 0 buffer-wide
     (``pmin``: the smallest probability held), 1 the batch's, 2 none.
     """
-    b = u.shape[0]
+    b = ranks.shape[0]
+    if (
+        u.shape[0] < (2 * b if shuffle else b)
+        or (perm.shape[0] != b and (shuffle or perm.shape[0] != 0))
+        or sel.shape[0] < b
+    ):  # (numba reads past an array's end unchecked)
+        raise ValueError("sample_exact: u, perm or sel shorter than the batch")
+    if shuffle:
+        batch_order(u[b : 2 * b], perm)
     total = prefix[n - 1]
+    width = total / b
     for k in range(b):
-        t = (k + u[k]) * (total / b) if stratified else u[k] * total
+        t = (k + u[k]) * width if stratified else u[k] * total
         r = _guess(guide, scale, n, t)
         ranks[k] = r
         prefetch(prefix, r)
         if r > 0:
             prefetch(prefix, r - 1)
     for k in range(b):
-        t = (k + u[k]) * (total / b) if stratified else u[k] * total
-        r = _find_rank(prefix, n, t, ranks[k])
-        ranks[k] = r
-        prob[k] = (r + 1.0) ** (-alpha) / total
-    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab)
+        t = (k + u[k]) * width if stratified else u[k] * total
+        ranks[k] = _find_rank(prefix, n, t, ranks[k])
+    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, sel, spaths, stab)
+    permuted = perm.shape[0] != 0
+    for k in range(b):
+        d = perm[k] if permuted else k
+        out[k] = sel[d]
+        prob[k] = (ranks[d] + 1.0) ** (-alpha) / total
     slot_keys(out, key_base, added, prefix.shape[0], keys)  # one prefix sum per slot
-    is_weights_into(prob, 1.0, pmin, n, beta, norm, weights)  # masses = probabilities
+    if row_bytes:  # masses = probabilities; the drawn rows come into the cache meanwhile
+        is_weights_fetching(prob, 1.0, pmin, n, beta, norm, weights, out, rows, row_bytes)
+    else:
+        is_weights_into(prob, 1.0, pmin, n, beta, norm, weights)
 
 
 @njit(cache=True, nogil=True)
