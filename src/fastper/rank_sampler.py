@@ -20,6 +20,7 @@ from .sampler_base import (
     NO_PERM,
     NO_ROWS,
     Sampler,
+    check_order,
     check_priority_array,
     copy_priorities,
     normalised_weights,
@@ -326,14 +327,7 @@ class RankSampler(Sampler):
         Exact draws order the batch inside their compiled call; the segment law
         orders its outputs after its draw. O(B log N).
         """
-        if shuffle and u.shape[0] % 2:
-            raise ValueError(
-                f"`u` must hold 2B uniforms with shuffle=True (B for the draws, B for the "
-                f"order), got {u.shape[0]}"
-            )
-        b = u.shape[0] // 2 if shuffle else u.shape[0]
-        if not shuffle and perm.shape[0] not in (0, b):
-            raise ValueError(f"`perm` must be empty or hold {b} entries, got {perm.shape[0]}")
+        b = check_order(u, perm, shuffle)
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
             check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
         # no recorded paths until this draw's are complete (a call that raises below

@@ -63,6 +63,40 @@ def normalised_weights(
     return _policy.is_weights(masses, total, min_mass, n, beta, _policy.NORMS[norm])
 
 
+def check_order(u: np.ndarray, perm: np.ndarray, shuffle: bool) -> int:
+    """The batch size of a ``sample_permuted`` call, after checking its order; O(B) for a
+    given ``perm``, O(1) otherwise.
+
+    ``shuffle``: ``u`` must hold 2B uniforms (B for the draws, B for the order).
+    Else ``perm`` must be empty or B int64 entries in ``[0, B)``: the compiled
+    samplers index with it unchecked.
+
+    Raises:
+        ValueError: an odd count of uniforms with ``shuffle``, or a ``perm`` of
+            another length, dtype or range.
+    """
+    if shuffle:
+        if u.shape[0] % 2:
+            raise ValueError(
+                f"`u` must hold 2B uniforms with shuffle=True (B for the draws, B for the "
+                f"order), got {u.shape[0]}"
+            )
+        return u.shape[0] // 2
+    b = u.shape[0]
+    if perm.shape[0]:
+        if perm.ndim != 1 or perm.shape[0] != b or perm.dtype != np.int64:
+            raise ValueError(
+                f"`perm` must be empty or {b} int64 entries (one per draw), got {perm.dtype} "
+                f"of shape {perm.shape}"
+            )
+        if int(perm.min()) < 0 or int(perm.max()) >= b:
+            raise ValueError(
+                f"`perm` must hold positions in [0, {b}), got values from {int(perm.min())} "
+                f"to {int(perm.max())}"
+            )
+    return b
+
+
 def check_priority_array(name: str, p: Any, n: int) -> np.ndarray:
     """A state's priorities: float64, one per stored slot, finite and >= 0."""
     if (

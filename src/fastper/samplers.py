@@ -48,6 +48,7 @@ from .sampler_base import (
     NORM_CODES,
     PriorityMax,
     Sampler,
+    check_order,
     check_priority_array,
     copy_priorities,
     new_priorities,
@@ -55,7 +56,6 @@ from .sampler_base import (
 )
 from .storage import check_record_bytes
 from .trees import SumTree
-
 
 __all__ = [
     "NORM_CODES",
@@ -264,12 +264,7 @@ class ProportionalSampler(Sampler):
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
             check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
-        if shuffle and u.shape[0] % 2:
-            raise ValueError(
-                f"`u` must hold 2B uniforms with shuffle=True (B for the targets, B for the "
-                f"order), got {u.shape[0]}"
-            )
-        b = u.shape[0] // 2 if shuffle else u.shape[0]
+        b = check_order(u, perm, shuffle)
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)

@@ -328,8 +328,12 @@ def test_permuted_draw_refuses_what_does_not_fit_the_batch():
     s.write(np.arange(100), rng.exponential(size=100), new=True)
     with pytest.raises(ValueError, match="2B uniforms"):
         s.sample_permuted(rng.random(5), _NO_PERM, 100, 0.4, True, 0, 0, 100, shuffle=True)
-    with pytest.raises(ValueError, match="`perm` must be empty or hold 4 entries"):
-        s.sample_permuted(rng.random(4), np.arange(3), 100, 0.4, True, 0, 0, 100)
+    for bad in (np.arange(3), np.arange(4, dtype=np.int32), np.arange(4).reshape(2, 2)):
+        with pytest.raises(ValueError, match="`perm` must be empty or 4 int64 entries"):
+            s.sample_permuted(rng.random(4), bad, 100, 0.4, True, 0, 0, 100)
+    for bad in (np.array([0, 1, 2, 4]), np.array([-1, 0, 1, 2])):  # read unchecked when compiled
+        with pytest.raises(ValueError, match="`perm` must hold positions in \\[0, 4\\)"):
+            s.sample_permuted(rng.random(4), bad, 100, 0.4, True, 0, 0, 100)
     with pytest.raises(ValueError, match="`record_bytes` must hold capacity \\* row_bytes"):
         s.sample_permuted(rng.random(4), _NO_PERM, 100, 0.4, True, 0, 0, 100,
                           np.zeros(99 * 24, np.uint8), 24)  # fmt: skip

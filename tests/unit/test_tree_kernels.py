@@ -154,6 +154,13 @@ def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(
                 s.leaves, s.sinner, s.minner, s.offs, s.depth, u_short, perm_bad, shuffle,
                 stratified, 0.4, capacity, norm, 0, capacity, capacity, *out, NO_ROWS, 0,
             )  # fmt: skip
+    # a perm is checked before the kernel indexes with it unchecked
+    with pytest.raises(ValueError, match="`perm` must hold positions in \\[0, 3\\)"):
+        s.sample_permuted(rng.random(3), np.array([0, 3, 1]), capacity, 0.4, stratified, norm, 0,
+                          capacity)  # fmt: skip
+    with pytest.raises(ValueError, match="`perm` must be empty or 3 int64 entries"):
+        s.sample_permuted(rng.random(3), np.arange(4), capacity, 0.4, stratified, norm, 0,
+                          capacity)  # fmt: skip
     # shuffle needs 2B uniforms: an odd count cannot be split, and is refused
     with pytest.raises(ValueError, match="2B uniforms"):
         s.sample_permuted(rng.random(5), NO_PERM, capacity, 0.4, stratified, norm, 0, capacity,
