@@ -327,7 +327,8 @@ class RankSampler(Sampler):
         Exact draws order the batch inside their compiled call; the segment law
         orders its outputs after its draw. O(B log N).
         """
-        b = check_order(u, perm, shuffle)
+        # (the buffer's call, inline: 2B uniforms, no perm to read)
+        b = u.shape[0] >> 1 if shuffle and not u.shape[0] & 1 else check_order(u, perm, shuffle)
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
             check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
         # no recorded paths until this draw's are complete (a call that raises below

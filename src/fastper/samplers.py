@@ -264,7 +264,8 @@ class ProportionalSampler(Sampler):
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
         if row_bytes and rows.shape[0] < self.capacity * row_bytes:
             check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
-        b = check_order(u, perm, shuffle)
+        # (the buffer's call, inline: 2B uniforms, no perm to read)
+        b = u.shape[0] >> 1 if shuffle and not u.shape[0] & 1 else check_order(u, perm, shuffle)
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
