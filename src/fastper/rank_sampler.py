@@ -372,7 +372,10 @@ class RankSampler(Sampler):
             weights = np.empty(b, dtype=np.float64)
             keys = np.empty(b, dtype=np.int64)
             pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
-            order = self._scratch[3, :b] if shuffle else perm  # (shuffle: filled there)
+            if shuffle:
+                order = self._scratch[3, :b]  # filled there
+            else:  # (the kernel may write its order argument: a read-only one is copied)
+                order = perm if perm.flags.writeable else perm.copy()
             _rk.sample_exact(
                 *self._tree, self.prefix, self._guide, self._scale, n, u, order, shuffle,
                 stratified, self.alpha, ranks, node, rem, self._scratch[4, :b], idx, prob,

@@ -304,6 +304,10 @@ def test_permuted_draw_equals_the_draw_indexed_by_the_permutation(segments, stra
         permuted = s.sample_permuted(u, perm, cap, 0.4, stratified, norm, 7, cap + 7)
         for a, p in zip(plain, permuted, strict=True):
             np.testing.assert_array_equal(a[perm], p)
+        perm.flags.writeable = False  # a read-only order is read, never written
+        again = s.sample_permuted(u, perm, cap, 0.4, stratified, norm, 7, cap + 7)
+        for a, p in zip(permuted, again, strict=True):
+            np.testing.assert_array_equal(a, p)
         v = rng.random(b)
         shuffled = s.sample_permuted(
             np.concatenate((u, v)), _NO_PERM, cap, 0.4, stratified, norm, 7, cap + 7, rows, 24,

@@ -261,7 +261,7 @@ def sample_exact(
 
     ``B = len(ranks)``. The batch order as in
     :func:`~fastper._kernels.prioritized.prop_sample`: with ``shuffle``, ``u``
-    holds ``2B`` uniforms and the last ``B`` order the draws
+    holds ``2B`` uniforms and ``u[B:2B]`` order the draws
     (:func:`~fastper._kernels.order.batch_order`, computed here into ``perm``,
     B int64 of scratch: this kernel allocates nothing); else entry ``k`` of
     every output is draw ``perm[k]`` (``perm`` empty: draw ``k``). The draws
