@@ -17,21 +17,18 @@ import numpy as np
 from ._kernels import order as _order
 from ._kernels import rank as _rk
 from .sampler_base import (
-    NO_PERM,
     NO_ROWS,
-    Sampler,
-    check_order,
+    PermutedSampler,
     check_priority_array,
     copy_priorities,
     normalised_weights,
     slot_keys,
 )
-from .storage import check_record_bytes
 
 __all__ = ["RankSampler"]
 
 
-class RankSampler(Sampler):
+class RankSampler(PermutedSampler):
     """P(i) = rank(i)^-alpha / sum_{r=1..N} r^-alpha, rank 1 = largest priority.
 
     Ties are broken by slot index (smaller slot = better rank), so the
@@ -305,32 +302,15 @@ class RankSampler(Sampler):
         return bounds
 
     # -- sampling ------------------------------------------------------------------
-    def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
-        key_base: int, added: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        return self.sample_permuted(u, NO_PERM, n, beta, stratified, norm, key_base, added)
-
     def sample_permuted(
         self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
         shuffle: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
-        of ``0 .. B-1``; empty: none), as
-        :meth:`fastper.samplers.ProportionalSampler.sample_permuted` does.
-
-        ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the draws and then
-        ``B`` that order the batch (:func:`fastper.policy.batch_order`); ``perm``
-        is not read. ``rows`` / ``row_bytes``: the storage's records, whose drawn
-        rows the exact draw prefetches (a hint: the outputs are the same without).
-        Exact draws order the batch inside their compiled call; the segment law
-        orders its outputs after its draw. O(B log N).
-        """
-        # (the buffer's call, inline: 2B uniforms, no perm to read)
-        b = u.shape[0] >> 1 if shuffle and not u.shape[0] & 1 else check_order(u, perm, shuffle)
-        if row_bytes and rows.shape[0] < self.capacity * row_bytes:
-            check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
+        """:meth:`PermutedSampler.sample_permuted`. Exact draws order the batch and
+        prefetch the rows inside their compiled call; the segment law orders its
+        outputs after its draw. O(B log N)."""
+        b = self._permuted_batch(u, perm, shuffle, rows, row_bytes)
         # no recorded paths until this draw's are complete (a call that raises below
         # must not leave a count over tables it has not filled)
         self._sample[0] = 0

@@ -19,6 +19,7 @@ import numpy as np
 from . import policy as _policy
 from ._kernels import ring as _ring
 from ._kernels import tree as _tk
+from .storage import check_record_bytes
 
 NORM_CODES = _policy.NORM_CODES
 NO_PERM = np.empty(0, dtype=np.int64)  # sample_permuted: draws in stratum order
@@ -303,3 +304,44 @@ class Sampler:
         self.check_priorities("priorities", p, alpha)
         self.alpha = alpha
         self.reset_priorities(p, n)
+
+
+class PermutedSampler(Sampler):
+    """A sampler whose compiled draw can also order its batch and prefetch the drawn
+    rows: :meth:`sample_permuted` (the buffer calls it when a sampler has it);
+    :meth:`sample` is that draw in stratum order."""
+
+    def sample(
+        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        return self.sample_permuted(u, NO_PERM, n, beta, stratified, norm, key_base, added)
+
+    def sample_permuted(
+        self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
+        key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
+        shuffle: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
+        of ``0 .. B-1``, B draws; empty: none). O(B log N).
+
+        ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the draws and then
+        ``B`` that order the batch (:func:`fastper.policy.batch_order` of
+        ``u[B:]``); ``perm`` is not read. ``rows``: the storage's records as
+        uint8, ``row_bytes`` per slot (see
+        :attr:`fastper.storage.Storage.record_bytes`), whose drawn ones the draw
+        prefetches for the gather after it. A hint only: the outputs are the
+        same without it.
+        """
+        raise NotImplementedError  # pragma: no cover - each sampler's own
+
+    def _permuted_batch(
+        self, u: np.ndarray, perm: np.ndarray, shuffle: bool, rows: np.ndarray, row_bytes: int
+    ) -> int:
+        """The batch size of a :meth:`sample_permuted` call, its records and order
+        checked (:func:`~fastper.storage.check_record_bytes`, :func:`check_order`)."""
+        if row_bytes and rows.shape[0] < self.capacity * row_bytes:
+            check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
+        if shuffle and not u.shape[0] & 1:  # the buffer's call: 2B uniforms, no perm
+            return u.shape[0] >> 1
+        return check_order(u, perm, shuffle)

@@ -46,15 +46,14 @@ from .sampler_base import (
     NO_PERM,
     NO_ROWS,
     NORM_CODES,
+    PermutedSampler,
     PriorityMax,
     Sampler,
-    check_order,
     check_priority_array,
     copy_priorities,
     new_priorities,
     slot_keys,
 )
-from .storage import check_record_bytes
 from .trees import SumTree
 
 __all__ = [
@@ -141,7 +140,7 @@ class UniformSampler(Sampler):
         return float(n), (1.0 if n else math.inf)
 
 
-class ProportionalSampler(Sampler):
+class ProportionalSampler(PermutedSampler):
     """P(i) = p_i^alpha / sum_k p_k^alpha, from a :class:`~fastper.SumTree`.
 
     The tree holds ``p_i ** alpha`` and, with ``track_min``, the smallest
@@ -235,37 +234,17 @@ class ProportionalSampler(Sampler):
                 "or update priorities)"
             )
 
-    def sample(
-        self, u: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
-        key_base: int, added: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        return self.sample_permuted(u, NO_PERM, n, beta, stratified, norm, key_base, added)
-
     def sample_permuted(
         self, u: np.ndarray, perm: np.ndarray, n: int, beta: float, stratified: bool, norm: int,
         key_base: int, added: int, rows: np.ndarray = NO_ROWS, row_bytes: int = 0,
         shuffle: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """:meth:`sample`, with every output indexed by ``perm`` (int64, a permutation
-        of ``0 .. B-1``, B draws; empty: none) in the same compiled call. O(B log N).
-
-        ``shuffle``: ``u`` holds ``2B`` uniforms, ``B`` for the targets and then
-        ``B`` that order the batch (:func:`fastper.policy.batch_order` of
-        ``u[B:]``, in the same call); ``perm`` is not read.
-
-        Keys, probabilities and weights come from that call too: one dispatch
-        instead of several, and no copies to put the draws in random order.
-        ``rows``: the storage's records as uint8, ``row_bytes`` per slot (see
-        :attr:`fastper.storage.Storage.record_bytes`); the call prefetches the
-        drawn ones, which the gather after it then finds in cache. A hint only:
-        the outputs are the same without it.
-        """
+        """:meth:`PermutedSampler.sample_permuted`: the targets, the search, the batch
+        order, keys, probabilities and weights in one compiled call (one dispatch
+        instead of several, and no copies to put the draws in random order)."""
         if norm == 0 and not self.track_min:
             raise RuntimeError("buffer-wide weight normalisation needs the min tree (track_min)")
-        if row_bytes and rows.shape[0] < self.capacity * row_bytes:
-            check_record_bytes((rows, row_bytes), self.capacity)  # raises, saying why
-        # (the buffer's call, inline: 2B uniforms, no perm to read)
-        b = u.shape[0] >> 1 if shuffle and not u.shape[0] & 1 else check_order(u, perm, shuffle)
+        b = self._permuted_batch(u, perm, shuffle, rows, row_bytes)
         idx = np.empty(b, dtype=np.int64)
         prob = np.empty(b, dtype=np.float64)
         w = np.empty(b, dtype=np.float64)
