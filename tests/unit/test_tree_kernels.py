@@ -253,8 +253,10 @@ def test_weights_with_the_rows_prefetched_are_the_same_bits(norm: int) -> None:
             for low in (float(masses.min()) / 3, 0.0):  # 0: an underflowing law (inf)
                 want = np.empty(b)
                 got = np.full(b, np.nan)
-                _weights.is_weights_into(masses, 7.5, low, capacity, 0.4, norm, want)
-                _weights.is_weights_fetching(
+                _weights.is_weights_into(
+                    masses, 7.5, low, capacity, 0.4, norm, want, slots, NO_ROWS, 0
+                )  # fmt: skip
+                _weights.is_weights_into(
                     masses, 7.5, low, capacity, 0.4, norm, got, slots, rows, row_bytes
                 )
                 assert bits(got) == bits(want), (row_bytes, b, low)

@@ -32,3 +32,20 @@ def batch_order(v, out):  # pragma: no cover - compiled
         t = out[i]
         out[i] = out[j]
         out[j] = t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def order_batch(u, perm, b, shuffle):  # pragma: no cover - compiled
+    """The batch order of a compiled draw of ``b`` outputs: with ``shuffle``,
+    :func:`batch_order` of ``u[b : 2b]`` into ``perm`` (``b`` int64); else ``perm``
+    is read as given (``b`` positions, or empty: none).
+
+    Raises ValueError if ``u`` or ``perm`` is shorter than that needs: numba
+    reads past an array's end unchecked.
+    """
+    if u.shape[0] < (2 * b if shuffle else b) or (
+        perm.shape[0] != b and (shuffle or perm.shape[0] != 0)
+    ):
+        raise ValueError("u or perm shorter than the batch")
+    if shuffle:
+        batch_order(u[b : 2 * b], perm)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._intrinsics import prefetch
 from ._jit import njit
-from .order import batch_order
+from .order import order_batch
 from .ring import slot_keys, td_priorities
 from .tree import (
     MIN_POSITIVE,
@@ -26,7 +26,7 @@ from .tree import (
     fix_sum_min_paths,
     rebuild,
 )
-from .weights import is_weights_fetching, is_weights_into
+from .weights import is_weights_into
 
 
 @njit(cache=True, nogil=True)
@@ -216,17 +216,13 @@ def prop_sample(
     what several did, and each call costs a dispatch of about 1 us. ``rows``
     (uint8) holds the storage's records, ``row_bytes`` each (0: no records):
     the drawn rows are prefetched while the weights are computed
-    (:func:`~fastper._kernels.weights.is_weights_fetching`).
+    (:func:`~fastper._kernels.weights.is_weights_into`).
     """
     total = sinner[offs[depth]]
     b = out_idx.shape[0]
-    if u.shape[0] < (2 * b if shuffle else b) or (
-        not shuffle and perm.shape[0] != 0 and perm.shape[0] != b
-    ):  # (numba reads past an array's end unchecked)
-        raise ValueError("prop_sample: u or perm shorter than the batch")
     if shuffle:
         perm = np.empty(b, dtype=np.int64)
-        batch_order(u[b : 2 * b], perm)  # (the caller gives 2B uniforms)
+    order_batch(u, perm, b, shuffle)
     width = total / b
     t = np.empty(b)
     for k in range(b):
@@ -244,12 +240,8 @@ def prop_sample(
         out_prob[k] = leaf
     # the min tree is read only for the buffer-wide normalisation (without it, empty)
     lmin = minner[offs[depth]] if norm_mode == 0 else 0.0
-    if row_bytes:  # the drawn rows come into the cache meanwhile
-        is_weights_fetching(
-            out_prob, total, lmin, n, beta, norm_mode, out_w, out_idx, rows, row_bytes
-        )
-    else:
-        is_weights_into(out_prob, total, lmin, n, beta, norm_mode, out_w)
+    # (the drawn rows, if any, come into the cache meanwhile)
+    is_weights_into(out_prob, total, lmin, n, beta, norm_mode, out_w, out_idx, rows, row_bytes)
     for k in range(b):
         out_prob[k] = out_prob[k] / total
     slot_keys(out_idx, key_base, added, capacity, out_keys)

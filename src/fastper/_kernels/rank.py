@@ -23,7 +23,7 @@ import numpy as np
 
 from ._intrinsics import prefetch
 from ._jit import njit
-from .order import batch_order
+from .order import order_batch
 from .rank_bits import low_bits, popcount, select_bit
 from .rank_tree import (
     _HOT,
@@ -64,7 +64,7 @@ from .rank_writes import (
     write_run,
 )
 from .ring import slot_keys
-from .weights import is_weights_fetching, is_weights_into
+from .weights import is_weights_into
 
 GUIDE = 4  # ranks per guide-table bucket (see :func:`guide_table`)
 
@@ -278,14 +278,9 @@ def sample_exact(
     (``pmin``: the smallest probability held), 1 the batch's, 2 none.
     """
     b = ranks.shape[0]
-    if (
-        u.shape[0] < (2 * b if shuffle else b)
-        or (perm.shape[0] != b and (shuffle or perm.shape[0] != 0))
-        or sel.shape[0] < b
-    ):  # (numba reads past an array's end unchecked)
-        raise ValueError("sample_exact: u, perm or sel shorter than the batch")
-    if shuffle:
-        batch_order(u[b : 2 * b], perm)
+    if sel.shape[0] < b:  # (numba reads past an array's end unchecked)
+        raise ValueError("sample_exact: sel shorter than the batch")
+    order_batch(u, perm, b, shuffle)
     total = prefix[n - 1]
     width = total / b
     for k in range(b):
@@ -305,10 +300,8 @@ def sample_exact(
         out[k] = sel[d]
         prob[k] = (ranks[d] + 1.0) ** (-alpha) / total
     slot_keys(out, key_base, added, prefix.shape[0], keys)  # one prefix sum per slot
-    if row_bytes:  # masses = probabilities; the drawn rows come into the cache meanwhile
-        is_weights_fetching(prob, 1.0, pmin, n, beta, norm, weights, out, rows, row_bytes)
-    else:
-        is_weights_into(prob, 1.0, pmin, n, beta, norm, weights)
+    # masses = probabilities; the drawn rows, if any, come into the cache meanwhile
+    is_weights_into(prob, 1.0, pmin, n, beta, norm, weights, out, rows, row_bytes)
 
 
 @njit(cache=True, nogil=True)

@@ -46,43 +46,40 @@ def _weights_range(masses, lo, hi, total, low, n, beta, norm, out):  # pragma: n
             out[k] = (masses[k] / low) ** (-beta)
 
 
+#: draws whose rows are prefetched before their weights are computed
+FETCH_AHEAD = 8
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def is_weights_into(masses, total, min_mass, n, beta, norm, out):  # pragma: no cover - compiled
-    """The IS weights of draws with these ``masses``, into ``out``, for the compiled samplers.
+def is_weights_into(
+    masses, total, min_mass, n, beta, norm, out, slots, rows, row_bytes
+):  # pragma: no cover - compiled
+    """The IS weights of draws with these ``masses``, into ``out``, for the compiled
+    samplers, while the drawn rows come into the cache.
 
     :func:`fastper.policy.is_weights`'s expressions in its order (the same
     bits): ``norm`` 0 divides by the buffer-wide largest weight (``min_mass``:
     the smallest positive mass held), 1 by the batch's, 2 not at all
     (``(n * (mass / total)) ** -beta``). A division by zero (an underflowing
     law) gives inf or NaN, as numpy's does, rather than raising. O(B).
-    """
-    low = _divisor(masses, min_mass, norm)
-    _weights_range(masses, 0, masses.shape[0], total, low, n, beta, norm, out)
 
-
-#: draws whose rows are prefetched before their weights are computed
-FETCH_AHEAD = 8
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def is_weights_fetching(
-    masses, total, min_mass, n, beta, norm, out, slots, rows, row_bytes
-):  # pragma: no cover - compiled
-    """:func:`is_weights_into` (the same bits), while the drawn rows come into the cache.
-
-    ``rows`` is the storage's records as bytes (``row_bytes`` per slot) and
-    ``slots`` the slot of each draw: every line of each drawn record is
-    prefetched, :data:`FETCH_AHEAD` draws at a time, each group just before
-    its weights. On a large buffer every drawn row is a cache miss that the
-    gather after the search would take one by one; here the misses overlap
-    each other and the ``pow`` calls, and the gather finds the rows in cache.
-    Measured at N = 2^20, B = 256 (48-byte rows): the gather 10.2 -> 5.3 us,
-    the draw 22.2 -> 25.1 us, about 2 us less per sample. The ``pow`` calls
-    of 256 draws take about 3 us, so they hide most of the misses, not all:
-    B independent lines cost what the memory's parallelism allows.
+    ``rows`` is the storage's records as bytes (``row_bytes`` per slot; 0: no
+    records, the weights only) and ``slots`` the slot of each draw: every line
+    of each drawn record is prefetched, :data:`FETCH_AHEAD` draws at a time,
+    each group just before its weights. On a large buffer every drawn row is a
+    cache miss that the gather after the search would take one by one; here the
+    misses overlap each other and the ``pow`` calls, and the gather finds the
+    rows in cache. Measured at N = 2^20, B = 256 (48-byte rows): the gather
+    10.2 -> 5.3 us, the draw 22.2 -> 25.1 us, about 2 us less per sample. The
+    ``pow`` calls of 256 draws take about 3 us, so they hide most of the
+    misses, not all: B independent lines cost what the memory's parallelism
+    allows.
     """
     b = masses.shape[0]
     low = _divisor(masses, min_mass, norm)
+    if not row_bytes:
+        _weights_range(masses, 0, b, total, low, n, beta, norm, out)
+        return
     last = row_bytes - 1
     for lo in range(0, b, FETCH_AHEAD):
         hi = min(lo + FETCH_AHEAD, b)
