@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+import fastper
 from fastper import policy
 from fastper._kernels import rank as _rk
 from fastper._kernels import rank_bits as rb
@@ -330,6 +331,13 @@ def test_permuted_draw_refuses_what_does_not_fit_the_batch():
     rng = np.random.default_rng(12)
     s = RankSampler(100, 0.7)
     s.write(np.arange(100), rng.exponential(size=100), new=True)
+    s.sample(rng.random(8), 100, 0.4, True, 0, 0, 100)  # a draw whose paths an update may use
+
+    def state():  # noqa: ANN202 - what a draw changes
+        return (s.samples_since_sort, s.last_batch_size, s._sample.tolist(), s.order.tolist(),
+                s.raw.tolist(), s._spaths.tolist(), s._stab.tolist())  # fmt: skip
+
+    before = state()
     with pytest.raises(ValueError, match="2B uniforms"):
         s.sample_permuted(rng.random(5), _NO_PERM, 100, 0.4, True, 0, 0, 100, shuffle=True)
     for bad in (np.arange(3), np.arange(4, dtype=np.int32), np.arange(4).reshape(2, 2)):
@@ -341,6 +349,7 @@ def test_permuted_draw_refuses_what_does_not_fit_the_batch():
     with pytest.raises(ValueError, match="`record_bytes` must hold capacity \\* row_bytes"):
         s.sample_permuted(rng.random(4), _NO_PERM, 100, 0.4, True, 0, 0, 100,
                           np.zeros(99 * 24, np.uint8), 24)  # fmt: skip
+    assert state() == before  # refused before anything changed
     # the kernel itself refuses uniforms, a perm or scratch shorter than the batch
     i64 = [np.empty(4, np.int64) for _ in range(4)]
     for u, perm, shuffle, sel in ((rng.random(3), _NO_PERM, False, 4),
@@ -354,6 +363,52 @@ def test_permuted_draw_refuses_what_does_not_fit_the_batch():
                 *i64[:3], np.empty(sel, np.int64), i64[3], np.empty(4), s._spaths, s._stab, 0,
                 100, np.empty(4, np.int64), 0.4, 0, 1.0, np.empty(4), _NO_ROWS, 0,
             )  # fmt: skip
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_shuffled_rank_batches_in_a_vector_env_loop(segments):
+    """A rank-based buffer in an actor-learner loop (4-env vector steps between
+    samples, n-step windows per env, a beta schedule, updates of the shuffled
+    batches): each batch is the stratum-order batch of the same uniforms, in the
+    order the generator's next B uniforms give, rows included."""
+    fields = {"obs": ((3,), np.float32), "reward": ((), np.float32),
+              "next_obs": ((3,), np.float32), "terminated": ((), np.bool_),
+              "truncated": ((), np.bool_)}  # fmt: skip
+    opts = dict(n_step=3, gamma=0.9, n_envs=4, segments=segments, sort_every=None,
+                beta=fastper.schedules.Linear(0.4, 1.0, 50), seed=5)  # fmt: skip
+    buf = fastper.RankBasedReplayBuffer(600, fields, **opts)
+    twin = fastper.RankBasedReplayBuffer(600, fields, shuffle=False, **opts)
+    rng = np.random.default_rng(13)
+    for step in range(120):
+        env = {
+            "obs": rng.standard_normal((4, 3)).astype(np.float32),
+            "reward": rng.standard_normal(4).astype(np.float32),
+            "next_obs": rng.standard_normal((4, 3)).astype(np.float32),
+            "terminated": rng.random(4) < 0.05,
+            "truncated": rng.random(4) < 0.02,
+        }
+        for b in (buf, twin):
+            b.add(env)
+        if len(buf) < 64:
+            continue
+        gen = np.random.Generator(np.random.PCG64())
+        gen.bit_generator.state = buf._rng.bit_generator.state
+        twin._rng.bit_generator.state = buf._rng.bit_generator.state
+        got, want = buf.sample(64), twin.sample(64)
+        gen.random(64)
+        perm = policy.batch_order(gen.random(64))
+        for name in ("indices", "probabilities", "weights", "keys"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name)[perm], name)
+        for name in fields:
+            np.testing.assert_array_equal(got.data[name], want.data[name][perm], name)
+        assert got.beta == want.beta
+        # the same priority per slot in both (so a repeated slot's order cannot matter)
+        td = np.cos(got.indices * 0.37 + step)
+        buf.update_priorities(got, td)
+        twin.update_priorities(got.indices, td, keys=got.keys)
+        np.testing.assert_array_equal(buf.ranks(np.arange(len(buf))),
+                                      twin.ranks(np.arange(len(twin))))  # fmt: skip
+    check_invariants(buf._sampler, len(buf))
 
 
 def _base_update(s: RankSampler, *args):  # noqa: ANN202
