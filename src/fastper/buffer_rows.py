@@ -283,8 +283,9 @@ class RowsMixin(SamplingMixin):
         """
         nstep = self._nstep
         assert nstep is not None
-        rows = self._rows_now()
-        if rows is None:
+        cached = self._direct  # (_rows_now, without its call: every n-step add)
+        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+        if rows is None or self._guards or self._validity.n_invalid:
             return None
         matcher = self._window_matcher
         if matcher is None:

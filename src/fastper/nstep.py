@@ -184,13 +184,16 @@ def _transition_source(
 
 def _row_source(
     count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
-    by_id: bool,
+    by_id: bool, row_views: tuple[bool, ...] = (),
 ) -> str:  # fmt: skip
     """The source of ``window_return`` and ``row_step`` for one writer layout (see
     :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields' and
     episode-end flags' positions among them, the reward's, ``w == n - 1``, and
-    whether int ``env_ids`` name the stream (no ``n_envs``)."""
-    window = [f"WIN{j}[at]" for j in range(len(win_pos))]
+    whether int ``env_ids`` name the stream (no ``n_envs``). ``row_views[j]``:
+    window field ``j``'s rows are read and written through views made ahead
+    (``ROWS{j}[at]``: a tuple item, where ``WIN{j}[at]`` makes a view each time)."""
+    views = [j < len(row_views) and row_views[j] for j in range(len(win_pos))]
+    window = [f"ROWS{j}[at]" if views[j] else f"WIN{j}[at]" for j in range(len(win_pos))]
     values, out = _transition_source(count, win_pos, reward_pos, window, "acc")
     lines = _return_source(w).splitlines()
     lines += [
@@ -225,7 +228,8 @@ def _row_source(
         f"    at = base + clock % {w}",
         *_return_lines(w, "    "),
         f"    slots = store(rows, [{out}], -1)",
-        *(f"    WIN{j}[at] = v{p}" for j, p in enumerate(win_pos)),
+        *(f"    ROWS{j}[at][...] = v{p}" if views[j] else f"    WIN{j}[at] = v{p}"
+          for j, p in enumerate(win_pos)),
         "    RFLAT[at] = reward",
         "    META[r, CLOCK] = clock + 1",
         "    S._version += 1",
@@ -237,6 +241,10 @@ def _row_source(
 #: a vector step reads and writes its windows through views made ahead for every
 #: ring row, up to rings of this many rows (slices beyond)
 _VIEW_ROWS = 64
+
+#: the one-row step reads and writes a window field's rows through views made
+#: ahead while its ring has at most this many rows (streams x (n - 1))
+_ROW_VIEWS = 4096
 
 
 def _lockstep_source(
@@ -260,7 +268,7 @@ def _lockstep_source(
         f"    {values}, = values",
         f"    if v{reward_pos}.dtype is F16:",
         "        return None  # (the kernel has no float16: the general path widens it)",
-        "    ret = empty(k)",
+        "    ret = RET  # (scratch: the store copies the returns into the storage)",
         f"    code, clock, length = LOCKSTEP(META, k, N, W, {term}, {trunc}, v{reward_pos}, "
         "RWIN, GPOW, check_reward, ret)",
         "    if code < 0:",
@@ -801,11 +809,17 @@ class NStepWriter:
         constants.update({f"G{j}": gp[j] for j in range(min(w, _UNROLL) + 1)})
         source, names = _return_source(w), ["window_return"]
         if self._rows_direct and self.n > 1 and w == self.n - 1 and self._scalar_reward:
+            row_views = tuple(
+                col.ndim > 1 and col.shape[0] <= _ROW_VIEWS for col, _ in self._win_cols
+            )
             source = _row_source(
                 len(self.fields), self._win_pos, self._flag_pos, self._reward_pos, w,
-                self.n_envs is None,
+                self.n_envs is None, row_views,
             )  # fmt: skip
-            constants.update({f"WIN{j}": col for j, (col, _) in enumerate(self._win_cols)})
+            for j, (col, _) in enumerate(self._win_cols):
+                constants[f"WIN{j}"] = col
+                if row_views[j]:
+                    constants[f"ROWS{j}"] = tuple(col)  # (row views of the window column)
             names.append("row_step")
         functions = specialise("nstep.steps", source, constants, *names)
         self._return_fn: Callable[[int, int, float], float] = functions[0]
@@ -824,6 +838,7 @@ class NStepWriter:
                 "RWIN3": self._rwin3, "GPOW": self._gpow, "LOCKSTEP": _nk.lockstep,
                 "empty": np.empty, "INT64": np.dtype(np.int64), "F16": np.dtype(np.float16),
                 "CLOCKS": meta[:k, _nk.CLOCK], "LENGTHS": meta[:k, _nk.LENGTH],
+                "RET": np.empty(k),
                 "NO_ENDS": _frozen(np.zeros(k, dtype=np.bool_)),
                 "DISC": _frozen(np.full(k, self._disc_full[0])),
             }  # fmt: skip

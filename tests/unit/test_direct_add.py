@@ -312,18 +312,25 @@ def _count_steps(writer: Any, name: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("n", "autoreset", "reward_dtype", "n_envs"),
-    [(3, None, np.float32, None), (2, "next_step", np.float64, None), (5, None, np.float64, 1),
-     (1, "next_step", np.float32, None), (12, None, np.float64, None),
-     (40, None, np.float32, None)],
+    ("n", "autoreset", "reward_dtype", "n_envs", "row_views"),
+    [(3, None, np.float32, None, 4096), (2, "next_step", np.float64, None, 4096),
+     (5, None, np.float64, 1, 4096), (1, "next_step", np.float32, None, 4096),
+     (12, None, np.float64, None, 4096), (40, None, np.float32, None, 4096),
+     (3, None, np.float32, None, 0), (12, None, np.float64, None, 0)],
 )  # fmt: skip
 def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
-    n: int, autoreset: Any, reward_dtype: Any, n_envs: Any
-) -> None:
+    n: int, autoreset: Any, reward_dtype: Any, n_envs: Any, row_views: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """One row at a time, from several streams (int ``env_ids``) or one, in Python
     numbers or numpy scalars, with episode ends, non-finite rewards (refused),
     signed zeros and a ring that wraps: the row path leaves what the general path
-    leaves, bit for bit; complete windows take the specialised row step."""
+    leaves, bit for bit; complete windows take the specialised row step.
+    ``row_views=0``: the step indexes its windows instead of reading and writing
+    them through row views made ahead (as for rings of more than 4096 rows)."""
+    import fastper.nstep
+
+    monkeypatch.setattr(fastper.nstep, "_ROW_VIEWS", row_views)
     fields = {"obs": ((2,), np.float32), "action": ((), np.int64), "reward": ((), reward_dtype),
               "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
               "truncated": ((), np.bool_)}  # fmt: skip
