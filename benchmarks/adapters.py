@@ -164,6 +164,14 @@ class FastperAdapter(Adapter):
     distributions = ("fastper", "numpy", "numba")
     notes = "weights normalised by the max over the buffer (min tree)"
 
+    @classmethod
+    def versions(cls) -> dict[str, str]:
+        """As for any library, fastper's own version read from the code that runs: an
+        editable install's metadata keeps the version it was installed at."""
+        from fastper._version import __version__
+
+        return {**super().versions(), "fastper": __version__}
+
     def __init__(self, capacity: int, alpha: float, beta: float, seed: int) -> None:
         import fastper
 
