@@ -170,7 +170,9 @@ class RowsMixin(SamplingMixin):
 
     def _rows_now(self) -> DirectRows | None:
         """The no-cast path if the buffer is in its common state now (no save in
-        progress, every slot valid), else None."""
+        progress, every slot valid), else None. Also read inline by
+        :meth:`_add_direct` and :meth:`_add_window_row` (the most frequent adds): a
+        change here is a change there."""
         cached = self._direct
         rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
         if rows is None or self._guards or self._validity.n_invalid:

@@ -349,6 +349,8 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
         return out
 
     fast._add_window_row = counted  # type: ignore[method-assign]
+    if fast._nstep.row_step is not fastper.nstep._no_step:  # row views, or the fallback
+        assert ("ROWS0" in fast._nstep.row_step.__globals__) == (row_views > 0)
     stepped = _count_steps(fast._nstep, "row_step")
     rng = np.random.default_rng(n)
     streams = 1 if n_envs is not None else 3
