@@ -184,7 +184,7 @@ def _transition_source(
 
 def _row_source(
     count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
-    by_id: bool, row_views: tuple[bool, ...] = (),
+    by_id: bool, row_views: tuple[bool, ...],
 ) -> str:  # fmt: skip
     """The source of ``window_return`` and ``row_step`` for one writer layout (see
     :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields' and
@@ -192,8 +192,7 @@ def _row_source(
     whether int ``env_ids`` name the stream (no ``n_envs``). ``row_views[j]``:
     window field ``j``'s rows are read and written through views made ahead
     (``ROWS{j}[at]``: a tuple item, where ``WIN{j}[at]`` makes a view each time)."""
-    views = [j < len(row_views) and row_views[j] for j in range(len(win_pos))]
-    window = [f"ROWS{j}[at]" if views[j] else f"WIN{j}[at]" for j in range(len(win_pos))]
+    window = [f"ROWS{j}[at]" if row_views[j] else f"WIN{j}[at]" for j in range(len(win_pos))]
     values, out = _transition_source(count, win_pos, reward_pos, window, "acc")
     lines = _return_source(w).splitlines()
     lines += [
@@ -228,7 +227,7 @@ def _row_source(
         f"    at = base + clock % {w}",
         *_return_lines(w, "    "),
         f"    slots = store(rows, [{out}], -1)",
-        *(f"    ROWS{j}[at][...] = v{p}" if views[j] else f"    WIN{j}[at] = v{p}"
+        *(f"    ROWS{j}[at][...] = v{p}" if row_views[j] else f"    WIN{j}[at] = v{p}"
           for j, p in enumerate(win_pos)),
         "    RFLAT[at] = reward",
         "    META[r, CLOCK] = clock + 1",
