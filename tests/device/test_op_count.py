@@ -76,6 +76,43 @@ def test_a_learner_step_is_a_fixed_number_of_operations_at_any_capacity() -> Non
     assert counts[4096] == counts[1 << 24]  # nothing per level, nothing per N
 
 
+#: a CartPole-like transition: five fields of three dtypes
+FIVE = {
+    "obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+    "next_obs": ((4,), np.float32), "done": ((), np.bool_),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("capacity", "fill"),
+    [
+        (4096, 4096),  # whole blocks of 64
+        (4096, 1000),  # filling: the last block is partly written
+        (100_000, 100_000),  # full, and the last block is never whole
+        (1_000_000, 4099),
+    ],
+)
+@pytest.mark.parametrize("fields", [FIELDS, FIVE, {"obs": ((4,), np.float32)}], ids=["2", "5", "1"])
+def test_the_budget_holds_whatever_the_fill_the_capacity_and_the_fields(capacity, fill, fields):
+    """The fields are gathered at once (stored side by side), and a partly written last
+    block costs one operation more in each call, never the guarded path."""
+    buf = fd.DevicePrioritizedReplayBuffer(capacity, fields, backend="torch", seed=0)
+    buf.add({
+        name: torch.zeros((fill, *shape), dtype=getattr(torch, np.dtype(dtype).name))
+        for name, (shape, dtype) in fields.items()
+    })  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        batch = buf.sample(B)
+        buf.update_priorities(batch, torch.rand(B, generator=gen) * 4)
+    s, u = _step_counts(buf)
+    partial = fill % 64 != 0
+    assert (s.count, u.count) == ((19, 21) if partial else (18, 20)), (s.ops, u.ops)
+    assert s.count + u.count <= BUDGET
+    assert s.ops["aten.index_select.default"] == 4  # targets' order, block, its prefix, rows
+    buf.check()
+
+
 def test_the_count_does_not_depend_on_validation_or_on_how_the_batch_is_passed() -> None:
     checked, unchecked = _buffer(4096), _buffer(4096, validate=False)
     a = sum(c.count for c in _step_counts(checked))

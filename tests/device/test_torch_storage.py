@@ -38,7 +38,8 @@ def test_is_a_replay_storage_and_wraps_like_the_ram_storage() -> None:
         assert isinstance(got[name], torch.Tensor)
         assert np.array_equal(got[name].numpy(), want[name])
         assert np.array_equal(dev.read(name, 2, 8), ram.read(name, 2, 8))
-    assert dev.nbytes() == ram.nbytes()
+    # a slot's fields side by side, padded to the widest element (8 bytes): 21 -> 24
+    assert ram.nbytes() == 10 * 21 and dev.nbytes() == 10 * 24
 
 
 def test_tensors_are_checked_by_shape_and_dtype() -> None:
@@ -88,3 +89,74 @@ def test_a_cpu_buffer_with_torch_storage_samples_tensors_and_saves(tmp_path) -> 
 def test_unsupported_dtype_is_refused_with_the_choices() -> None:
     with pytest.raises(TypeError, match="uint32"):
         TorchStorage({"x": ((), np.uint32)}, 4)
+
+
+MIXED = {
+    "frame": ((2, 3), np.uint8), "half": ((2,), np.float16), "count": ((), np.int32),
+    "flag": ((), np.bool_), "value": ((), np.float64), "small": ((3,), np.int8),
+}  # fmt: skip
+
+
+def _mixed_rows(k: int, start: int) -> dict[str, np.ndarray]:
+    r = np.arange(start, start + k)
+    return {
+        "frame": (r[:, None, None] * 7 + np.arange(6).reshape(2, 3)).astype(np.uint8),
+        "half": np.stack([r * 0.5, -r * 0.25], axis=1).astype(np.float16),
+        "count": (r * 1000 - 7).astype(np.int32),
+        "flag": r % 3 == 0,
+        "value": r * 1.0e200,
+        "small": np.stack([r, -r, r * 2], axis=1).astype(np.int8),
+    }
+
+
+def test_fields_of_every_dtype_are_views_of_one_tensor_of_rows_and_gather_at_once() -> None:
+    from tests.device.op_count import count_ops
+
+    dev, ram = TorchStorage(MIXED, 12), fastper.Storage(MIXED, 12)
+    assert dev.rows is not None
+    # widest element first, each field at a multiple of its element's size
+    assert [name for name, _, _ in dev._layout][:2] == ["value", "count"]
+    for name, off, _ in dev._layout:
+        assert off % MIXED[name][1]().itemsize == 0
+        assert (
+            dev.columns[name].untyped_storage().data_ptr() == dev.rows.untyped_storage().data_ptr()
+        )
+    assert dev.rows.shape == (12, 32)  # 8 + 4 + 4 + 6 + 1 + 3 = 26 bytes, padded to 32
+    for start, k in ((0, 7), (7, 9)):  # wraps
+        for st in (dev, ram):
+            prepared, n = st.prepare(_mixed_rows(k, start))
+            st.write(start % 12, prepared, n)
+    idx = torch.tensor([11, 0, 3, 3, 8])
+    with count_ops() as ops:
+        got = dev.gather(idx)
+    assert ops.count == 1  # one gather of whole rows; the fields are views of it
+    want = ram.gather(idx.numpy())
+    for name, (shape, dtype) in MIXED.items():
+        assert got[name].shape == (5, *shape) and got[name].dtype == getattr(
+            torch, np.dtype(dtype).name
+        )
+        np.testing.assert_array_equal(got[name].numpy(), want[name])
+        np.testing.assert_array_equal(dev.read(name, 0, 12), ram.read(name, 0, 12))
+    again = TorchStorage(MIXED, 12)
+    again.load_state_dict(dev.state_dict(12), 12)
+    assert torch.equal(again.rows, dev.rows)
+
+
+def test_one_field_keeps_its_tensor_and_an_empty_field_is_an_empty_view() -> None:
+    from tests.device.op_count import count_ops
+
+    one = TorchStorage({"obs": ((4,), np.float32)}, 8)
+    assert one.rows is None and one.columns["obs"].is_contiguous()
+    fields = {"obs": ((4,), np.uint8), "none": ((3, 0), np.float64), "id": ((), np.int32)}
+    st = TorchStorage(fields, 8)
+    assert st.rows is not None and st.rows.shape == (8, 8)  # 4 + 4, a multiple of 8
+    prepared, n = st.prepare(
+        {"obs": np.ones((2, 4), np.uint8), "none": np.ones((2, 3, 0)), "id": np.array([5, 6])}
+    )
+    st.write(0, prepared, n)
+    with count_ops() as ops:
+        got = st.gather(torch.tensor([1, 0]))
+    assert ops.count == 1
+    assert got["obs"].tolist() == [[1] * 4] * 2 and got["id"].tolist() == [6, 5]
+    assert got["none"].shape == (2, 3, 0) and got["none"].dtype == torch.float64
+    assert TorchStorage({"a": ((0,), np.float32), "b": ((0,), np.int64)}, 4).rows is None

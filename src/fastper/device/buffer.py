@@ -110,6 +110,7 @@ from ..storage import FieldLike, coerce_batch
 from ..writer import RingWriter
 from ._torch import check_device, torch
 from .index import (
+    KEY_LIMIT,
     MASS_FLOOR,
     NORMS,
     TALLIES,
@@ -663,8 +664,9 @@ class _DeviceBuffer(BufferCore):
     def sample(self, batch_size: int, beta: float | None = None) -> DeviceBatch:
         """Draw ``batch_size`` transitions with replacement. O(B * 64 + N / 64), no host sync.
 
-        On the torch back end a fixed number of tensor operations (18 with one
-        field at the defaults, one more per field) whatever the capacity.
+        On the torch back end a fixed number of tensor operations whatever the
+        capacity and the fields (18 at the defaults; 19 while the last block of
+        64 slots is partly written).
 
         Returns:
             A :class:`DeviceBatch` (tensors on the device, weights float32), in
@@ -934,6 +936,12 @@ class _DeviceBuffer(BufferCore):
         buf_state = dict(state["buffer"])
         writer = RingWriter(self._capacity)
         writer.load_state_dict(state["writer"])
+        if isinstance(self._index, TorchIndex) and writer.added > KEY_LIMIT:
+            raise ValueError(
+                f"key counter total_added={writer.added} exceeds {KEY_LIMIT} (2^55), the "
+                "largest the torch back end takes: it tells an empty slot by its key; "
+                "load this state with backend='numba' (CPU device)"
+            )
         n = writer.size
         sampler = state["sampler"]
         pri = check_priority_array("priorities", sampler["priorities"], n)

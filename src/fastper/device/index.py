@@ -40,6 +40,7 @@ Contract (the buffer holds its lock around every call; tensors on the device):
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,8 @@ from ._torch import torch
 from .tree import DeviceSumTree, K, max_leaf, num_blocks
 
 __all__ = [
-    "NORMS", "TALLIES", "NumbaIndex", "TorchIndex", "exact_pow", "priority_limit", "slot_keys",
+    "KEY_LIMIT", "NORMS", "TALLIES", "NumbaIndex", "TorchIndex", "exact_pow", "key_top",
+    "priority_limit", "slot_keys",
 ]  # fmt: skip
 #: elements per call of :func:`exact_pow` on the CPU: at most ATen's grain size
 #: (32768), so one thread runs it, and a multiple of every SIMD width
@@ -139,6 +141,25 @@ def finish_weights(base: torch.Tensor | None, beta: float, like: torch.Tensor) -
     if base is None:
         return torch.ones_like(like, dtype=torch.float32)
     return policy.weights_from_base(base, beta).to(torch.float32)
+
+
+#: the largest float64: times 255 it overflows to inf, times 0 it is 0
+HUGE = float(np.finfo(np.float64).max)
+#: the largest key counter a :class:`TorchIndex` takes from a saved state: keys stay
+#: below 2^56 (:func:`key_top` 0) for 2^55 more adds, about 10^9 years at 10^6 a second
+KEY_LIMIT = 2**55
+
+
+def key_top(keys: torch.Tensor) -> torch.Tensor:
+    """The most significant byte of each key (int64, last dimension contiguous), as a
+    uint8 view: 255 for the key -1 of an empty slot, 0 for any key issued (below
+    2^56). ``x + HUGE * key_top(k)`` is then ``x`` for a written slot and ``inf`` for
+    an empty one, in one operation (no boolean mask, no ``where``). No operation."""
+    return keys.view(torch.uint8).view(*keys.shape, 8)[..., _TOP_BYTE]
+
+
+#: where an int64's most significant byte lies among its 8
+_TOP_BYTE = 7 if sys.byteorder == "little" else 0
 
 
 def pow2(n: int) -> bool:
@@ -299,13 +320,15 @@ class TorchIndex:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """:meth:`draw` but the weights' base, to the power -beta (None: all 1).
 
-        The fused path (every stored mass positive, ``n`` a multiple of 64):
-        the block of each target is the count of block prefix sums below it
-        (searched among the written blocks but the last, so it is one of
-        them), its slot is searched among the block's first 63 running sums
-        (so it is one of the block's 64), and one gather of the block's
-        columns gives the slot, its mass and its key: every draw is a written
-        slot of positive mass, on any device. Otherwise the caps of
+        The fused path (every stored mass positive): the block of each target
+        is the count of block prefix sums below it (searched among the written
+        blocks but the last, so it is one of them), its slot is searched among
+        the block's first 63 running sums (so it is one of the block's 64) and
+        capped at the block's last written slot (``n`` not a multiple of 64:
+        the last block is partly written; one operation more, see
+        :func:`key_top`), and one gather of the
+        block's columns gives the slot, its mass and its key: every draw is a
+        written slot of positive mass, on any device. Otherwise the caps of
         :meth:`DeviceSumTree.find_unchecked` guard the zero leaves and the
         slot is clamped to the written ones.
         """
@@ -316,11 +339,15 @@ class TorchIndex:
         total = tree.total_of(last + 1)
         t = self._targets(u, total, stratified, perm)
         prefix = tree.prefix
-        if self.positive and n % K == 0:
+        if self.positive:
             blk = torch.searchsorted(prefix[1 : last + 1], t, right=True)
             tile = self.table[MASS:].view(3, -1, K).index_select(1, blk)  # mass, key, slot
             run = torch.cumsum(tile[0, :, : K - 1].view(torch.float64), 1)
             run += prefix.index_select(0, blk).unsqueeze(1)
+            if n % K:  # the last block is partly written: a running sum followed by an
+                # empty slot counts as infinite, so a target past the block's written
+                # slots takes its last one (blocks before the last have no empty slot)
+                run.add_(key_top(tile[1])[:, 1:], alpha=HUGE)
             col = torch.searchsorted(run, t.unsqueeze(1), right=True)
             rec = tile.gather(2, col.unsqueeze(0).expand(3, -1, -1))[:, :, 0]
             mass, keys, idx = rec[0].view(torch.float64), rec[1], rec[2]
@@ -340,15 +367,10 @@ class TorchIndex:
             prob = policy.probabilities(mass, total)
             base = mass / mass.min() if norm == "batch" else n * prob
             return prob, base
-        mins = self.tree.blocks[1]
+        # every block's summary holds its smallest positive mass, empty slots not counted
+        # (the updates' fused path counts no zero only where the blocks are full)
         slot = prefix[last + 2]  # the smallest mass goes next to the total
-        if n % K == 0:
-            torch.amin(mins[: last + 1], 0, out=slot)
-        else:  # the last block is partly written: its summary may count the empty slots
-            tail = self.values[MASS, last * K : n]
-            torch.amin(torch.where(tail > 0, tail, self._inf), 0, out=slot)
-            if last:
-                torch.minimum(slot, mins[:last].amin(), out=slot)
+        torch.amin(self.tree.blocks[1, : last + 1], 0, out=slot)
         ratio = mass.unsqueeze(0) / prefix[last + 1 : last + 3].unsqueeze(1)
         return ratio[0], ratio[1]  # mass / total, mass / min
 
@@ -464,11 +486,18 @@ class TorchIndex:
         if self.prioritized:
             self._pow(vals[0], vals[1])
             self.values[RAW : MASS + 1, target] = vals[:, :b]
-            tile = self.values[MASS].view(-1, K).index_select(0, won[1])
             summary = sc.summary
-            torch.cumsum(tile, 1, out=summary[:, :K])
-            if not self.positive:
-                tile = torch.where(tile > 0, tile, self._inf)
+            if self.positive and n % K:  # the last block is partly written: its empty
+                # slots (key -1, mass 0) are not its smallest mass (one operation more)
+                pair = self.table[MASS : KEY + 1].view(2, -1, K).index_select(1, won[1])
+                tile = pair[0].view(torch.float64)
+                torch.cumsum(tile, 1, out=summary[:, :K])
+                tile = torch.add(tile, key_top(pair[1]), alpha=HUGE)
+            else:
+                tile = self.values[MASS].view(-1, K).index_select(0, won[1])
+                torch.cumsum(tile, 1, out=summary[:, :K])
+                if not self.positive:  # a zero mass is not a block's smallest
+                    tile = torch.where(tile > 0, tile, self._inf)
             torch.amin(tile, 1, out=summary[:, K])
             self.tree.blocks[:, won[1]] = summary[:, K - 1 :].t()
         else:

@@ -76,6 +76,29 @@ def narrows(src: torch.dtype, dst: torch.dtype) -> bool:
     return d.min > s.min or d.max < s.max
 
 
+def row_layout(fields: Mapping[str, Field]) -> tuple[tuple[tuple[str, int, int], ...], int] | None:
+    """Where each field sits in a row of all fields side by side: ``((name, byte offset,
+    bytes), ...)`` and the bytes of a row; None where each field keeps a tensor of its own
+    (one field, or fields of no elements at all).
+
+    Fields go widest element first, so every field starts at a multiple of its
+    element's size, and a row is padded to a multiple of the widest: every
+    field of every row is aligned, and a field of the rows is a view of its
+    dtype. A field of no elements is an empty view at offset 0. O(fields).
+    """
+    if len(fields) < 2 or all(f.nbytes_per_item == 0 for f in fields.values()):
+        return None
+    order = sorted(fields, key=lambda n: -fields[n].dtype.itemsize)  # stable: ties keep order
+    widest = fields[order[0]].dtype.itemsize
+    out = []
+    offset = 0
+    for name in order:
+        size = fields[name].nbytes_per_item
+        out.append((name, offset if size else 0, size))
+        offset += size
+    return tuple(out), -(-offset // widest) * widest
+
+
 def torch_dtype(name: str, dtype: np.dtype[Any]) -> torch.dtype:
     """The torch dtype of a field's numpy dtype (native byte order)."""
     found = _NUMPY_TO_TORCH.get(np.dtype(dtype).newbyteorder("="))
@@ -88,7 +111,14 @@ def torch_dtype(name: str, dtype: np.dtype[Any]) -> torch.dtype:
 
 
 class TorchStorage:
-    """Columnar storage of torch tensors on ``device`` (see the module docstring).
+    """Storage of torch tensors on ``device`` (see the module docstring).
+
+    A slot's fields lie side by side in one row (:attr:`rows`, see
+    :func:`row_layout`), and each column is a view of its field: a gather of
+    B slots is one operation (one kernel launch on a GPU) whatever the fields,
+    and its fields are views of the gathered rows, as the CPU buffers'
+    records are. A row is padded to a multiple of its widest element (at most
+    7 bytes). One field, or fields of no elements at all, keep a tensor each.
 
     Args:
         fields: the field spec, as for :class:`fastper.Storage`.
@@ -111,21 +141,63 @@ class TorchStorage:
         self.device = check_device(device)
         self.check_values = check_flag("check_values", check_values)
         self.dtypes = {name: torch_dtype(name, f.dtype) for name, f in self.fields.items()}
+        layout = row_layout(self.fields)
         if self.device.type == "cpu":  # (a GPU's allocator refuses at once, with the sizes)
-            per_slot = sum(f.nbytes_per_item for f in self.fields.values())
-            warn_if_too_large(self.capacity * per_slot, f"a buffer of capacity {self.capacity}")
-        self.columns: dict[str, torch.Tensor] = {
-            name: torch.zeros(
-                (self.capacity, *f.shape), dtype=self.dtypes[name], device=self.device
+            per_slot = (
+                sum(f.nbytes_per_item for f in self.fields.values())
+                if layout is None
+                else layout[1]
             )
-            for name, f in self.fields.items()
-        }
+            warn_if_too_large(self.capacity * per_slot, f"a buffer of capacity {self.capacity}")
+        #: every field of a slot side by side: a (capacity, row bytes) uint8 tensor, of
+        #: which :attr:`columns` are views (None: a tensor per field, see :func:`row_layout`)
+        self.rows: torch.Tensor | None = None
+        #: (field, byte offset, bytes) of each field in a row
+        self._layout: tuple[tuple[str, int, int], ...] = ()
+        self.columns: dict[str, torch.Tensor] = self._make_columns(layout)
         self._pinned = self.device.type == "cuda"
         self._staging: dict[str, torch.Tensor] = {}
         self._copied: Any = None  # CUDA event: the last staged copy has left the staging
 
+    def _make_columns(
+        self, layout: tuple[tuple[tuple[str, int, int], ...], int] | None
+    ) -> dict[str, torch.Tensor]:
+        """The columns, zeroed: views of one tensor of rows where ``layout`` (from
+        :func:`row_layout`) places the fields, so that a gather is one operation
+        whatever the fields; else a tensor per field."""
+        cap, dev = self.capacity, self.device
+
+        def zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> torch.Tensor:
+            if dev.type == "cpu":  # zeros whose memory is committed as rows are written
+                return torch.from_numpy(np.zeros(shape, dtype=dtype))
+            return torch.zeros(shape, dtype=_NUMPY_TO_TORCH[dtype], device=dev)
+
+        if layout is None:
+            return {
+                name: zeros((cap, *f.shape), np.dtype(f.dtype).newbyteorder("="))
+                for name, f in self.fields.items()
+            }
+        fields, row_bytes = layout
+        self.rows = zeros((cap, row_bytes), np.dtype(np.uint8))
+        self._layout = fields
+        views = self._field_views(self.rows)
+        return {name: views[name] for name in self.fields}  # in the fields' order
+
+    def _field_views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each field of ``rows`` (a (n, row_bytes) uint8 tensor) as a view of its dtype and
+        shape."""
+        n = rows.shape[0]
+        return {
+            name: rows[:, off : off + size]
+            .view(self.dtypes[name])
+            .view(n, *self.fields[name].shape)
+            for name, off, size in self._layout
+        }
+
     def nbytes(self) -> int:
         """Bytes of device memory held by the columns."""
+        if self.rows is not None:
+            return int(self.rows.numel())
         return int(sum(c.numel() * c.element_size() for c in self.columns.values()))
 
     # -- add ---------------------------------------------------------------------------
@@ -216,9 +288,17 @@ class TorchStorage:
 
     # -- read --------------------------------------------------------------------------
     def gather(self, indices: Any) -> dict[str, torch.Tensor]:
-        """Rows at ``indices`` (an int64 tensor on the device) for every field, as new tensors. O(B)."""
+        """Rows at ``indices`` (an int64 tensor on the device) for every field, as new tensors. O(B).
+
+        Rows stored side by side are gathered in one operation; each field is
+        then a view of the gathered rows (strided across the batch, its own
+        dimensions contiguous), as the CPU buffers' records are.
+        """
         if not isinstance(indices, torch.Tensor):
             indices = torch.as_tensor(np.asarray(indices, dtype=np.int64), device=self.device)
+        if self.rows is not None:
+            views = self._field_views(self.rows.index_select(0, indices))
+            return {name: views[name] for name in self.fields}
         return {name: col.index_select(0, indices) for name, col in self.columns.items()}
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
