@@ -160,3 +160,45 @@ def test_one_field_keeps_its_tensor_and_an_empty_field_is_an_empty_view() -> Non
     assert got["obs"].tolist() == [[1] * 4] * 2 and got["id"].tolist() == [6, 5]
     assert got["none"].shape == (2, 3, 0) and got["none"].dtype == torch.float64
     assert TorchStorage({"a": ((0,), np.float32), "b": ((0,), np.int64)}, 4).rows is None
+
+
+def test_host_rows_cross_to_the_device_as_whole_rows(monkeypatch) -> None:
+    """On a GPU, host values are laid out as whole rows in a (pinned) staging, then
+    cross in one copy into the rows (two where they wrap), whatever the fields. The
+    same path runs here on the CPU, forced; it stores what the field path stores."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    staged, direct = TorchStorage(MIXED, 12), TorchStorage(MIXED, 12)
+    assert not staged._stage_rows  # (CPU device: written field by field)
+    staged._stage_rows = True
+    rows_ptr = staged.rows.untyped_storage().data_ptr()
+
+    class CopiesIntoRows(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "copy_" in str(func) and args[0].untyped_storage().data_ptr() == rows_ptr:
+                CopiesIntoRows.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def no_field_path(*args, **kwargs):
+        raise AssertionError("host rows are staged whole")
+
+    monkeypatch.setattr(staged, "_source", no_field_path)
+    tensors = {
+        name: torch.from_numpy(v).to(torch.float64) if v.dtype.kind == "f" else torch.from_numpy(v)
+        for name, v in _mixed_rows(5, 40).items()
+    }  # CPU tensors, floats as float64: cast into the fields' dtypes on the way
+    for start, batch, copies in (
+        (0, _mixed_rows(7, 0), 1),
+        (7, _mixed_rows(9, 7), 2),
+        (4, tensors, 1),
+    ):
+        for st in (staged, direct):
+            prepared, n = st.prepare(batch)
+            CopiesIntoRows.count = 0
+            with CopiesIntoRows():
+                st.write(start, prepared, n)
+            if st is staged:
+                assert CopiesIntoRows.count == copies
+        assert torch.equal(staged.rows, direct.rows)

@@ -20,9 +20,11 @@ batch never crosses to the host. ``add`` takes
 * anything else (numpy arrays, lists, numbers): checked and cast on the host
   as :class:`fastper.Storage` does (a cast that would change a value is
   refused), then copied to the device. On a CUDA device the copy goes
-  through a pinned staging tensor per field, reused from call to call (grown
-  by doubling when a batch is larger), so the host -> device copy runs
-  asynchronously and no call allocates pinned memory.
+  through pinned staging, reused from call to call (grown by doubling when a
+  batch is larger), so the host -> device copy runs asynchronously and no
+  call allocates pinned memory: host values (host tensors too) are laid out
+  as whole rows there and cross in one copy (two where the ring wraps), or,
+  with a tensor per field, one staging and one copy per field.
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def narrows(src: torch.dtype, dst: torch.dtype) -> bool:
         return bool(torch.finfo(dst).max < torch.finfo(src).max)
     s, d = torch.iinfo(src), torch.iinfo(dst)
     return d.min > s.min or d.max < s.max
+
+
+def _on_host(value: Any) -> bool:
+    """Whether a prepared value is in host memory (a numpy array, a CPU tensor)."""
+    return not isinstance(value, torch.Tensor) or value.device.type == "cpu"
+
+
+def _host_tensor(src: Any, k: int) -> torch.Tensor:
+    """``src[:k]`` (a numpy array) as a CPU tensor sharing its memory where it can."""
+    host = np.ascontiguousarray(src[:k])
+    if not host.flags.writeable:  # torch warns on read-only memory; only read here
+        host = host.copy()
+    return torch.from_numpy(host)
 
 
 def row_layout(fields: Mapping[str, Field]) -> tuple[tuple[tuple[str, int, int], ...], int] | None:
@@ -156,7 +171,10 @@ class TorchStorage:
         self._layout: tuple[tuple[str, int, int], ...] = ()
         self.columns: dict[str, torch.Tensor] = self._make_columns(layout)
         self._pinned = self.device.type == "cuda"
+        #: host values cross to the device as whole rows (see :meth:`write`)
+        self._stage_rows = self._pinned and self.rows is not None
         self._staging: dict[str, torch.Tensor] = {}
+        self._rows_staging: torch.Tensor | None = None
         self._copied: Any = None  # CUDA event: the last staged copy has left the staging
 
     def _make_columns(
@@ -256,10 +274,7 @@ class TorchStorage:
                 return src[:k]
             arr = src[:k]  # a host tensor: staged like host arrays
         else:
-            host = np.ascontiguousarray(src[:k])
-            if not host.flags.writeable:  # torch warns on read-only memory; only read here
-                host = host.copy()
-            arr = torch.from_numpy(host)
+            arr = _host_tensor(src, k)
         if not self._pinned:
             return arr
         stage = self._staging.get(name)
@@ -271,16 +286,44 @@ class TorchStorage:
         stage[:k].copy_(arr)
         return stage[:k]
 
+    def _row_stage(self, k: int) -> torch.Tensor:
+        """The host staging of ``k`` whole rows (pinned on CUDA), reused from call to call
+        and grown by doubling; zeros, so that the rows' padding stays zero."""
+        stage = self._rows_staging
+        if stage is None or stage.shape[0] < k:
+            rows = max(k, 2 * (0 if stage is None else stage.shape[0]), 64)
+            assert self.rows is not None
+            stage = torch.zeros(
+                (rows, self.rows.shape[1]), dtype=torch.uint8, pin_memory=self._pinned
+            )
+            self._rows_staging = stage
+        return stage[:k]
+
     def write(self, start: int, prepared: Mapping[str, Any], k: int) -> None:
-        """Write ``k`` prepared rows from slot ``start`` on, wrapping. O(B), no host sync."""
+        """Write ``k`` prepared rows from slot ``start`` on, wrapping. O(B), no host sync.
+
+        Host values going to a GPU are laid out as whole rows in a pinned staging
+        first, so that they cross in one copy (two where the rows wrap), whatever
+        the fields; values already on the device are copied field by field.
+        """
         if self._pinned and self._copied is not None:
             self._copied.synchronize()  # the staging tensors are free again
         first = min(k, self.capacity - start)
-        for name, col in self.columns.items():
-            src = self._source(name, prepared[name], k)
-            col[start : start + first].copy_(src[:first], non_blocking=True)
+        if self._stage_rows and all(_on_host(prepared[name]) for name in self.fields):
+            assert self.rows is not None
+            stage = self._row_stage(k)
+            for name, view in self._field_views(stage).items():
+                src = prepared[name]
+                view.copy_(src[:k] if isinstance(src, torch.Tensor) else _host_tensor(src, k))
+            self.rows[start : start + first].copy_(stage[:first], non_blocking=True)
             if first < k:
-                col[: k - first].copy_(src[first:k], non_blocking=True)
+                self.rows[: k - first].copy_(stage[first:k], non_blocking=True)
+        else:
+            for name, col in self.columns.items():
+                src = self._source(name, prepared[name], k)
+                col[start : start + first].copy_(src[:first], non_blocking=True)
+                if first < k:
+                    col[: k - first].copy_(src[first:k], non_blocking=True)
         if self._pinned:
             if self._copied is None:
                 self._copied = torch.cuda.Event()
