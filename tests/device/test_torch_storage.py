@@ -179,6 +179,9 @@ def test_host_rows_cross_to_the_device_as_whole_rows(monkeypatch) -> None:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if "copy_" in str(func) and args[0].untyped_storage().data_ptr() == rows_ptr:
                 CopiesIntoRows.count += 1
+                # one plain copy of whole rows: contiguous bytes to contiguous bytes
+                assert args[0].is_contiguous() and args[1].is_contiguous()
+                assert args[1].dtype == torch.uint8
             return func(*args, **(kwargs or {}))
 
     def no_field_path(*args, **kwargs):
@@ -202,3 +205,19 @@ def test_host_rows_cross_to_the_device_as_whole_rows(monkeypatch) -> None:
             if st is staged:
                 assert CopiesIntoRows.count == copies
         assert torch.equal(staged.rows, direct.rows)
+
+
+def test_the_row_staging_grows_to_the_largest_write_and_never_past_the_capacity() -> None:
+    capacity = 150
+    staged, direct = TorchStorage(MIXED, capacity), TorchStorage(MIXED, capacity)
+    staged._stage_rows = True
+    one = {name: v[0] for name, v in _mixed_rows(1, 3).items()}  # a single transition
+    flags = {**_mixed_rows(100, 0), "half": np.ones((100, 2), bool)}  # bools into float16
+    sizes = []
+    for start, batch in ((0, one), (5, flags), (120, _mixed_rows(capacity, 9))):  # wraps
+        for st in (staged, direct):
+            prepared, n = st.prepare(batch)
+            st.write(start, prepared, n)
+        sizes.append(staged._rows_staging.shape[0])
+        assert torch.equal(staged.rows, direct.rows)
+    assert sizes == [64, 128, capacity]  # at least 64, doubled, capped at the capacity

@@ -176,6 +176,7 @@ class TorchStorage:
         self._staging: dict[str, torch.Tensor] = {}
         self._rows_staging: torch.Tensor | None = None
         self._copied: Any = None  # CUDA event: the last staged copy has left the staging
+        self._staged_now = False  # (the write in progress has waited for the staging)
 
     def _make_columns(
         self, layout: tuple[tuple[tuple[str, int, int], ...], int] | None
@@ -277,44 +278,64 @@ class TorchStorage:
             arr = _host_tensor(src, k)
         if not self._pinned:
             return arr
+        self._await_staging()
         stage = self._staging.get(name)
         if stage is None or stage.shape[0] < k:
-            rows = max(k, 2 * (0 if stage is None else stage.shape[0]), 64)
             col = self.columns[name]
-            stage = torch.empty((rows, *col.shape[1:]), dtype=col.dtype, pin_memory=True)
+            stage = torch.empty(
+                (self._stage_size(stage, k), *col.shape[1:]), dtype=col.dtype, pin_memory=True
+            )
             self._staging[name] = stage
         stage[:k].copy_(arr)
         return stage[:k]
 
+    def _stage_size(self, stage: torch.Tensor | None, k: int) -> int:
+        """Rows of a staging grown for ``k``: doubled, at least 64, at most the capacity."""
+        grown = max(2 * (0 if stage is None else stage.shape[0]), 64)
+        return max(k, min(grown, self.capacity))
+
+    def _await_staging(self) -> None:
+        """Before a write's first use of the staging: wait until the last staged copy
+        has left it (the host waits for that copy only, and only when it stages)."""
+        if self._copied is not None and not self._staged_now:
+            self._copied.synchronize()
+        self._staged_now = True
+
     def _row_stage(self, k: int) -> torch.Tensor:
         """The host staging of ``k`` whole rows (pinned on CUDA), reused from call to call
         and grown by doubling; zeros, so that the rows' padding stays zero."""
+        self._await_staging()
         stage = self._rows_staging
         if stage is None or stage.shape[0] < k:
-            rows = max(k, 2 * (0 if stage is None else stage.shape[0]), 64)
             assert self.rows is not None
             stage = torch.zeros(
-                (rows, self.rows.shape[1]), dtype=torch.uint8, pin_memory=self._pinned
+                (self._stage_size(stage, k), self.rows.shape[1]),
+                dtype=torch.uint8,
+                pin_memory=self._pinned,
             )
             self._rows_staging = stage
         return stage[:k]
 
     def write(self, start: int, prepared: Mapping[str, Any], k: int) -> None:
-        """Write ``k`` prepared rows from slot ``start`` on, wrapping. O(B), no host sync.
+        """Write ``k`` prepared rows from slot ``start`` on, wrapping. O(B), no host sync
+        (on a GPU, a write that stages host values first waits for the previous staged
+        copy to leave the staging; device values never wait).
 
         Host values going to a GPU are laid out as whole rows in a pinned staging
         first, so that they cross in one copy (two where the rows wrap), whatever
         the fields; values already on the device are copied field by field.
         """
-        if self._pinned and self._copied is not None:
-            self._copied.synchronize()  # the staging tensors are free again
         first = min(k, self.capacity - start)
+        self._staged_now = False
         if self._stage_rows and all(_on_host(prepared[name]) for name in self.fields):
             assert self.rows is not None
             stage = self._row_stage(k)
             for name, view in self._field_views(stage).items():
                 src = prepared[name]
-                view.copy_(src[:k] if isinstance(src, torch.Tensor) else _host_tensor(src, k))
+                if isinstance(src, torch.Tensor):
+                    view.copy_(src[:k])
+                else:  # (numpy writes through the view: strides and read-only input alike)
+                    view.numpy()[...] = src[:k]
             self.rows[start : start + first].copy_(stage[:first], non_blocking=True)
             if first < k:
                 self.rows[: k - first].copy_(stage[first:k], non_blocking=True)
@@ -324,10 +345,12 @@ class TorchStorage:
                 col[start : start + first].copy_(src[:first], non_blocking=True)
                 if first < k:
                     col[: k - first].copy_(src[first:k], non_blocking=True)
-        if self._pinned:
+        if self._pinned and self._staged_now:  # the staging is free again once this
+            # event has passed: recorded on the stream of this storage's device, where the
+            # copies run
             if self._copied is None:
                 self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
 
     # -- read --------------------------------------------------------------------------
     def gather(self, indices: Any) -> dict[str, torch.Tensor]:
