@@ -177,6 +177,8 @@ class TorchStorage:
         self._rows_staging: torch.Tensor | None = None
         self._copied: Any = None  # CUDA event: the last staged copy has left the staging
         self._staged_now = False  # (the write in progress has waited for the staging)
+        #: the device the columns were made on ("cuda" resolved to its index)
+        self._held_on = next(iter(self.columns.values())).device
 
     def _make_columns(
         self, layout: tuple[tuple[tuple[str, int, int], ...], int] | None
@@ -325,8 +327,19 @@ class TorchStorage:
         first, so that they cross in one copy (two where the rows wrap), whatever
         the fields; values already on the device are copied field by field.
         """
-        first = min(k, self.capacity - start)
         self._staged_now = False
+        try:
+            self._write(start, prepared, k)
+        finally:  # (a write that raised part way may have issued copies from the staging)
+            if self._pinned and self._staged_now:  # the staging is free again once this
+                # event has passed: recorded on the stream of the GPU holding the rows,
+                # where the copies run
+                if self._copied is None:
+                    self._copied = torch.cuda.Event()
+                self._copied.record(torch.cuda.current_stream(self._held_on))
+
+    def _write(self, start: int, prepared: Mapping[str, Any], k: int) -> None:
+        first = min(k, self.capacity - start)
         if self._stage_rows and all(_on_host(prepared[name]) for name in self.fields):
             assert self.rows is not None
             stage = self._row_stage(k)
@@ -345,12 +358,6 @@ class TorchStorage:
                 col[start : start + first].copy_(src[:first], non_blocking=True)
                 if first < k:
                     col[: k - first].copy_(src[first:k], non_blocking=True)
-        if self._pinned and self._staged_now:  # the staging is free again once this
-            # event has passed: recorded on the stream of this storage's device, where the
-            # copies run
-            if self._copied is None:
-                self._copied = torch.cuda.Event()
-            self._copied.record(torch.cuda.current_stream(self.device))
 
     # -- read --------------------------------------------------------------------------
     def gather(self, indices: Any) -> dict[str, torch.Tensor]:
