@@ -487,17 +487,18 @@ class TorchIndex:
             self._pow(vals[0], vals[1])
             self.values[RAW : MASS + 1, target] = vals[:, :b]
             summary = sc.summary
-            if self.positive and n % K:  # the last block is partly written: its empty
-                # slots (key -1, mass 0) are not its smallest mass (one operation more)
+            partial = self.positive and n % K != 0  # the last block is partly written:
+            # its empty slots (key -1, mass 0) are not its smallest mass (one operation more)
+            if partial:
                 pair = self.table[MASS : KEY + 1].view(2, -1, K).index_select(1, won[1])
                 tile = pair[0].view(torch.float64)
-                torch.cumsum(tile, 1, out=summary[:, :K])
-                tile = torch.add(tile, key_top(pair[1]), alpha=HUGE)
             else:
                 tile = self.values[MASS].view(-1, K).index_select(0, won[1])
-                torch.cumsum(tile, 1, out=summary[:, :K])
-                if not self.positive:  # a zero mass is not a block's smallest
-                    tile = torch.where(tile > 0, tile, self._inf)
+            torch.cumsum(tile, 1, out=summary[:, :K])
+            if partial:
+                tile = torch.add(tile, key_top(pair[1]), alpha=HUGE)
+            elif not self.positive:  # a zero mass is not a block's smallest
+                tile = torch.where(tile > 0, tile, self._inf)
             torch.amin(tile, 1, out=summary[:, K])
             self.tree.blocks[:, won[1]] = summary[:, K - 1 :].t()
         else:

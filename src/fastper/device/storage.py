@@ -45,6 +45,7 @@ from ..storage import (
     check_names,
     coerce_batch,
     make_fields,
+    record_dtype,
     row_count,
     warn_if_too_large,
 )
@@ -96,22 +97,24 @@ def row_layout(fields: Mapping[str, Field]) -> tuple[tuple[tuple[str, int, int],
     bytes), ...)`` and the bytes of a row; None where each field keeps a tensor of its own
     (one field, or fields of no elements at all).
 
-    Fields go widest element first, so every field starts at a multiple of its
-    element's size, and a row is padded to a multiple of the widest: every
-    field of every row is aligned, and a field of the rows is a view of its
-    dtype. A field of no elements is an empty view at offset 0. O(fields).
+    The CPU buffers' record (:func:`fastper.storage.record_dtype`): fields
+    widest-aligned first, a row padded to a multiple of that alignment. Where
+    each element's alignment is its size (as on 64-bit machines), every field
+    of every row is aligned, and a field of the rows is a view of its dtype;
+    elsewhere the fields keep a tensor each. O(fields).
     """
-    if len(fields) < 2 or all(f.nbytes_per_item == 0 for f in fields.values()):
+    values = fields.values()
+    if (
+        len(fields) < 2
+        or all(f.nbytes_per_item == 0 for f in values)
+        or any(f.dtype.alignment != f.dtype.itemsize for f in values)
+    ):
         return None
-    order = sorted(fields, key=lambda n: -fields[n].dtype.itemsize)  # stable: ties keep order
-    widest = fields[order[0]].dtype.itemsize
-    out = []
-    offset = 0
-    for name in order:
-        size = fields[name].nbytes_per_item
-        out.append((name, offset if size else 0, size))
-        offset += size
-    return tuple(out), -(-offset // widest) * widest
+    record = record_dtype(fields)
+    placed, order = record.fields, record.names
+    assert placed is not None and order is not None  # (a structured dtype)
+    out = tuple((name, placed[name][1], fields[name].nbytes_per_item) for name in order)
+    return out, record.itemsize
 
 
 def torch_dtype(name: str, dtype: np.dtype[Any]) -> torch.dtype:
