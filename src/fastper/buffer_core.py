@@ -277,6 +277,18 @@ class BufferCore:
             )
         return value
 
+    def _check_stored_max(self, stored_max: float, max_seen: float) -> None:
+        """A state's largest stored priority against what could have recorded it: an
+        update or a given priority (which raise ``max_priority_ever``), or a new
+        item's constant ``max_priority`` (which does not). Raises ValueError."""
+        policy = self._max_policy
+        bound = max_seen if isinstance(policy, str) else max(max_seen, policy)
+        if stored_max > bound:
+            raise ValueError(
+                f"max_priority_ever={max_seen!r} is below a stored priority ({stored_max!r}): "
+                "the state is inconsistent (a corrupt or edited file?)"
+            )
+
     # -- introspection ---------------------------------------------------------------
     def __len__(self) -> int:
         return self._writer.size

@@ -64,8 +64,9 @@ class RowsMixin(SamplingMixin):
 
     _input_fields: dict[str, Field]
     _current_max: PriorityMax | None
-    #: (storage, its no-cast path): rebuilt when a load swaps the storage
-    _direct: tuple[Any, DirectRows | None] | None = None
+    #: (storage, its no-cast path, that path's one-call store with the reward check):
+    #: rebuilt when a load swaps the storage
+    _direct: tuple[Any, DirectRows | None, Any] | None = None
     _run_start: int = 0
     _run_priority: float = 0.0
     #: the no-cast matcher of the n-step input (built on first use)
@@ -111,12 +112,52 @@ class RowsMixin(SamplingMixin):
         """
         with self._lock:  # (not @locked: one call frame less on the most frequent call)
             if type(transition) is dict and priorities is None:
-                if self._nstep is not None:
-                    slots = self._add_window_row(transition, env_ids)
-                else:
-                    slots = self._add_direct(transition) if env_ids is None else None
-                if slots is not None:
-                    return slots
+                nstep = self._nstep
+                if nstep is not None:
+                    # _add_window_row's most frequent case, without its call (the
+                    # writer's step made for this storage, a buffer in its common
+                    # state): a change there is a change here
+                    cached, made = self._direct, nstep._step
+                    if (
+                        made is not None
+                        and cached is not None
+                        and made[0] is cached[1]
+                        and cached[0] is self._storage
+                        and made[1] is not None
+                        and not self._guards
+                        and not self._validity.n_invalid
+                    ):
+                        n = made[1](
+                            nstep, transition, env_ids, self._reward_check is not None,
+                            self._writer.cursor,
+                        )  # fmt: skip
+                        if n > 0:
+                            return self._store_direct(None, None, n)
+                        if n < 0:  # a vector step waits in the windows: nothing stored
+                            return np.empty(0, dtype=np.int64)
+                        slots = self._add_window_row(transition, env_ids, False)
+                    else:
+                        slots = self._add_window_row(transition, env_ids)
+                    if slots is not None:
+                        return slots
+                elif env_ids is None:
+                    # The no-cast add of rows on a buffer in its common state: the
+                    # general path's rules at a fraction of its cost (one env step is
+                    # most adds). The storage's one-call store (DirectRows.putter)
+                    # checks the values, their room before the ring's end and the
+                    # rewards, and stores nothing unless all pass. Anything else
+                    # (frames, a save in progress, invalid slots, a batch that wraps,
+                    # a value the general path would cast or refuse) takes the
+                    # general path, changing nothing before it.
+                    cached = self._direct  # (_direct_cache, without its call)
+                    if cached is None or cached[0] is not self._storage:
+                        cached = self._direct_cache()
+                    put = cached[2]
+                    if put is not None and not self._guards and not self._validity.n_invalid:
+                        start = self._writer.cursor
+                        n = put(transition, start)  # the checks, then the rows stored
+                        if n:
+                            return self._store_direct(None, None, n)
             return self._add(transition, priorities, env_ids)
 
     def _add(self, transition: Mapping[str, Any], priorities: Any, env_ids: Any) -> np.ndarray:
@@ -160,54 +201,18 @@ class RowsMixin(SamplingMixin):
     def _direct_rows(self) -> DirectRows | None:
         """The storage's no-cast path, rebuilt when a load swaps the storage; None where
         the buffer has none (a custom storage, frames)."""
+        return self._direct_cache()[1]
+
+    def _direct_cache(self) -> tuple[Any, DirectRows | None, Any]:
+        """``_direct`` for the storage now (see there), built where it is not."""
         storage = self._storage
         cached = self._direct
         if cached is None or cached[0] is not storage:
             plain = self._frames is None
             rows = storage.direct_rows() if plain and type(storage) is Storage else None
-            cached = self._direct = (storage, rows)
-        return cached[1]
-
-    def _rows_now(self) -> DirectRows | None:
-        """The no-cast path if the buffer is in its common state now (no save in
-        progress, every slot valid), else None. Also read inline by
-        :meth:`_add_direct` and :meth:`_add_window_row` (the most frequent adds): a
-        change here is a change there."""
-        cached = self._direct
-        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
-        if rows is None or self._guards or self._validity.n_invalid:
-            return None
-        return rows
-
-    def _add_direct(self, transition: dict[str, Any]) -> np.ndarray | None:
-        """``add`` of rows that need no cast, on a buffer in its common state; None: not here.
-
-        The general path's rules at a fraction of its cost (one env step is
-        most adds): the values are those :class:`~fastper.storage.DirectRows`
-        stores as given, the rewards are checked, nothing is written before
-        every check has passed. Anything else (frames, n-step windows, a save
-        in progress, invalid slots, a batch that wraps, any value the general
-        path would cast or refuse) returns None before changing anything.
-        """
-        cached = self._direct  # (_rows_now, without its call: the most frequent add)
-        rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
-        if rows is None or self._guards or self._validity.n_invalid:
-            return None
-        matched = rows.match(transition)
-        if matched is None:
-            return None
-        values, k = matched
-        w = self._writer
-        start = w.cursor
-        n = 1 if k == -1 else k
-        if start + n > self._capacity:
-            return None
-        reward = self._reward_check
-        if reward is not None:
-            r = transition[reward]
-            if not (math.isfinite(r) if type(r) is float else _finite(r)):
-                return None  # the general path names the row
-        return self._store_direct(rows, values, k)
+            put = rows.putter(self._reward_check) if rows is not None else None
+            cached = self._direct = (storage, rows, put)
+        return cached
 
     def _add_exact(self, values: list[Any], k: int, rewards: Any, names: tuple[str, ...]) -> bool:
         """``add`` of rows a front end built itself, where its call shape fixes the
@@ -222,36 +227,48 @@ class RowsMixin(SamplingMixin):
         and no per-field match. ``names`` must be the storage's field order (a
         loaded file may have another: None then). ``rewards``: the reward value(s),
         checked finite as :meth:`add` checks them. The rest is
-        :meth:`_add_direct`'s: a buffer in its common state, rows that fit before
+        :meth:`add`'s no-cast path's: a buffer in its common state, rows that fit before
         the ring's end.
         """
         with self._lock:
             if self._nstep is not None:
                 return False
-            rows = self._rows_now()
-            if (
-                rows is None
-                or rows.names != names
-                or self._writer.cursor + (1 if k == -1 else k) > self._capacity
-            ):
+            cached = self._direct  # (_direct_rows, without its call: the drop-in's every add)
+            rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+            if rows is None or self._guards or self._validity.n_invalid or rows.names != names:
                 return False
-            if self._reward_check is not None and not _finite(rewards):
+            start = self._writer.cursor
+            n = 1 if k == -1 else k
+            if start + n > self._capacity:
+                return False
+            if self._reward_check is not None and not (
+                math.isfinite(rewards) if type(rewards) is float else _finite(rewards)
+            ):
                 return False  # the general path names the row
             self._store_direct(rows, values, k, False)
             return True
 
     def _store_direct(
-        self, rows: DirectRows, values: list[Any], k: int, want_slots: bool = True
+        self, rows: DirectRows | None, values: Any, k: int, want_slots: bool = True
     ) -> np.ndarray:
         """Store matched rows at the cursor (they fit before the ring's end), then
         commit ring and priority; the slots (``want_slots=False``: an empty array,
-        where the caller discards them). The tail of the no-cast adds."""
+        where the caller discards them). The tail of the no-cast adds.
+
+        ``rows=None``: the ``k`` rows are already stored at the cursor (by
+        :meth:`~fastper.storage.DirectRows.putter`'s store): commit them."""
         w = self._writer
         start = w.cursor
+        if rows is not None:
+            rows.write(start, values, k)
         n = 1 if k == -1 else k
         priority = self._new_priority()
-        rows.write(start, values, k)
-        w.advance(n)
+        # (RingWriter.advance, without its call: every no-cast add)
+        end = start + n  # (the rows fit before the ring's end: end <= capacity)
+        w.cursor = end if end < w.capacity else 0
+        size = w.size + n
+        w.size = size if size < w.capacity else w.capacity
+        w.added += n
         # (dtype positional, as numpy documents it: no keyword parsing; the stubs
         # know only the keyword)
         slots = np.arange(start, start + n, 1, _INT64) if want_slots else _NO_SLOTS  # type: ignore[call-overload]
@@ -271,7 +288,9 @@ class RowsMixin(SamplingMixin):
             self._current_max.fix(slots if want_slots else np.arange(start, start + n, 1, _INT64))  # type: ignore[call-overload]
         return slots
 
-    def _add_window_row(self, transition: dict[str, Any], env_ids: Any) -> np.ndarray | None:
+    def _add_window_row(
+        self, transition: dict[str, Any], env_ids: Any, step_first: bool = True
+    ) -> np.ndarray | None:
         """``add`` of one n-step step (one env's, or one of every env's) that needs no
         cast and ends nothing, on a buffer in its common state; None: not here (the
         general path, changing nothing).
@@ -279,41 +298,47 @@ class RowsMixin(SamplingMixin):
         The general path's rules and order (the completed rows stored, then the
         windows committed) without its numpy batches: steps of known streams,
         values :class:`~fastper.storage.DirectRows` matches, finite rewards, no
-        episode end (see :attr:`fastper.nstep.NStepWriter.row_step`,
-        :meth:`~fastper.nstep.NStepWriter.prepare_row` and
-        :attr:`~fastper.nstep.NStepWriter.lockstep_step`).
+        episode end (see :meth:`fastper.nstep.NStepWriter.step_function` and
+        :meth:`~fastper.nstep.NStepWriter.prepare_row`). ``step_first=False``:
+        the writer's step has just declined these values (see :meth:`add`).
         """
         nstep = self._nstep
         assert nstep is not None
-        cached = self._direct  # (_rows_now, without its call: every n-step add)
+        cached = self._direct  # (_direct_rows, without its call: every n-step add)
         rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
         if rows is None or self._guards or self._validity.n_invalid:
             return None
         matcher = self._window_matcher
         if matcher is None:
             matcher = self._window_matcher = DirectRows(nstep.fields, self._capacity)
+        made = nstep._step  # (step_function, without its call: every n-step add)
+        step = made[1] if made is not None and made[0] is rows else nstep.step_function(matcher, rows)
+        check = self._reward_check is not None
+        if step is not None and step_first:
+            # complete windows (the most frequent call): the storage, then the windows
+            # written; then the ring and the priorities
+            n = step(nstep, transition, env_ids, check, self._writer.cursor)
+            if n > 0:
+                return self._store_direct(None, None, n)
+            if n < 0:  # a vector step waits in the windows: nothing stored yet
+                return np.empty(0, dtype=np.int64)
         matched = matcher.match(transition)
         if matched is None:
             return None
         values, k = matched
-        check = self._reward_check is not None
-        if k == -1:  # one env's step (the most frequent call)
-            slots = nstep.row_step(nstep, values, env_ids, check, self._store_direct, rows)
-            if slots is not None:  # a complete window: the storage and the window written
-                return slots
-            step = nstep.prepare_row(values, env_ids, check)
-            if step is None:
-                return None
-            if step[0] is None:  # the step waits in its window: nothing stored yet
-                nstep.commit_row(step[1])
-                return np.empty(0, dtype=np.int64)
-            slots = self._store_direct(rows, step[0], -1)
-            nstep.commit_row(step[1])
-            return slots
-        # a vector step
-        if env_ids is not None or self._writer.cursor + k > self._capacity:
+        if k != -1:  # a vector step not in the steady state: the general path's
             return None
-        return nstep.lockstep_step(nstep, values, k, check, self._store_direct, rows)
+        one = nstep.prepare_row(values, env_ids, check)
+        if one is None:
+            return None
+        if one[0] is None:  # the step waits in its window: nothing stored yet
+            nstep.commit_row(one[1])
+            return np.empty(0, dtype=np.int64)
+        if rows.names != tuple(nstep.output_fields):
+            return None  # (a storage of these fields in another order: stored by name)
+        slots = self._store_direct(rows, one[0], -1)
+        nstep.commit_row(one[1])
+        return slots
 
     def _new_run(self, start: int, count: int, priority: float) -> None:
         """Give ``count`` new slots from ``start`` (no wrap) their shared priority.

@@ -400,8 +400,8 @@ class StateMixin(BufferCore):
             }
         sampler_state = dict(state["sampler"])
         p = sampler_state.get("priorities")
-        if isinstance(p, np.ndarray) and p.size and float(p.max()) > max_seen:
-            raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
+        if isinstance(p, np.ndarray) and p.size:
+            self._check_stored_max(float(p.max()), max_seen)
         rng = np.random.Generator(np.random.PCG64())
         try:
             rng.bit_generator.state = buf["rng"]

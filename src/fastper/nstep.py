@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -165,39 +165,43 @@ def _return_source(w: int) -> str:
                       "    return acc"]) + "\n"  # fmt: skip
 
 
-def _transition_source(
+def _transition_values(
     count: int, win_pos: tuple[int, ...], reward_pos: int, window: list[str], ret: str
-) -> tuple[str, str]:
-    """Source of a generated step's input names (``v0, v1, ..``: the ``count`` input
-    fields) and of the completed transitions' values in output order, the
-    discount last: a window field's value is its expression in ``window`` (the
-    window's oldest step, read before the step is written over it), the
-    reward's is ``ret``, every other field's is the input's."""
+) -> list[str]:
+    """The completed transitions' values in output order, the discount last, as
+    expressions of a generated step whose input values are ``v0, v1, ..`` (the
+    ``count`` input fields): a window field's value is its expression in
+    ``window`` (the window's oldest step, read before the step is written over
+    it), the reward's is ``ret``, every other field's is the input's."""
     out = []
     for i in range(count):
         if i in win_pos:
             out.append(window[win_pos.index(i)])
         else:
             out.append(ret if i == reward_pos else f"v{i}")
-    return ", ".join(f"v{i}" for i in range(count)), ", ".join([*out, "DISC"])
+    return [*out, "DISC"]
 
 
-def _row_source(
+#: ``store(values)``: the source lines that store the completed transitions (their
+#: expressions, in output order; None: a column stored otherwise) into the storage,
+#: from slot ``start``
+StoreLines = Callable[[Sequence[str | None]], list[str]]
+
+
+def _row_lines(
     count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
-    by_id: bool, row_views: tuple[bool, ...],
-) -> str:  # fmt: skip
-    """The source of ``window_return`` and ``row_step`` for one writer layout (see
-    :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields' and
-    episode-end flags' positions among them, the reward's, ``w == n - 1``, and
-    whether int ``env_ids`` name the stream (no ``n_envs``). ``row_views[j]``:
-    window field ``j``'s rows are read and written through views made ahead
-    (``ROWS{j}[at]``: a tuple item, where ``WIN{j}[at]`` makes a view each time)."""
+    by_id: bool, row_views: tuple[bool, ...], store: StoreLines,
+) -> list[str]:  # fmt: skip
+    """The one-row part of :meth:`NStepWriter.step_function` for one writer layout
+    (see there): ``count`` input fields, the window fields' and episode-end flags'
+    positions among them, the reward's, ``w == n - 1``, and whether int ``env_ids`` name
+    the stream (no ``n_envs``). ``row_views[j]``: window field ``j``'s rows are
+    read and written through views made ahead (``ROWS{j}[at]``: a tuple item,
+    where ``WIN{j}[at]`` makes a view each time). Returns 1 (the transition
+    stored, the step in its window) or 0 (nothing changed)."""
     window = [f"ROWS{j}[at]" if row_views[j] else f"WIN{j}[at]" for j in range(len(win_pos))]
-    values, out = _transition_source(count, win_pos, reward_pos, window, "acc")
-    lines = _return_source(w).splitlines()
-    lines += [
-        "",
-        "def row_step(S, values, env_ids, check_reward, store, rows):",
+    out = _transition_values(count, win_pos, reward_pos, window, "acc")
+    lines = [
         "    if env_ids is None:",
         "        r = S._row_of.get(0)",
     ]
@@ -208,34 +212,36 @@ def _row_source(
         ]
     lines += [
         "    else:",
-        "        return None",
+        "        return 0",
         "    if r is None:",
-        "        return None  # a new stream",
-        f"    {values}, = values",
+        "        return 0  # a new stream",
     ]
     if flag_pos:
-        lines += [f"    if {' or '.join(f'v{p}' for p in flag_pos)}:", "        return None"]
+        lines += [f"    if {' or '.join(f'v{p}' for p in flag_pos)}:", "        return 0"]
     lines += [
         "    clock, length, skip, _ = META[r].tolist()",
         f"    if skip or length != {w}:",
-        "        return None  # a dropped row, or a window not yet complete",
+        "        return 0  # a dropped row, or a window not yet complete",
         f"    reward = float(v{reward_pos}) if type(v{reward_pos}) is RTYPE else "
         f"float(RTYPE(v{reward_pos}))",
         "    if check_reward and not isfinite(reward):",
-        "        return None  # the general path names the row",
+        "        return 0  # the general path names the row",
         f"    base = r * {w}",
         f"    at = base + clock % {w}",
         *_return_lines(w, "    "),
-        f"    slots = store(rows, [{out}], -1)",
+        *store(out),
         *(f"    ROWS{j}[at][...] = v{p}" if row_views[j] else f"    WIN{j}[at] = v{p}"
           for j, p in enumerate(win_pos)),
         "    RFLAT[at] = reward",
         "    META[r, CLOCK] = clock + 1",
         "    S._version += 1",
-        "    return slots",
+        "    return 1",
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
+
+#: the column dtypes the vector step's kernel stores returns into (discounts: the first)
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: a vector step reads and writes its windows through views made ahead for every
 #: ring row, up to rings of this many rows (slices beyond)
@@ -246,53 +252,49 @@ _VIEW_ROWS = 64
 _ROW_VIEWS = 4096
 
 
-def _lockstep_source(
-    count: int, win_pos: tuple[int, ...], end_pos: tuple[int, int], reward_pos: int, views: bool
-) -> str:
-    """The source of ``lockstep_step`` for one writer layout (see
-    :meth:`NStepWriter._make_steps`): ``count`` input fields, the window fields'
-    positions among them, the two episode-end flags' (-1: no such field), the
-    reward's; ``views``: the windows' rows at ring row ``at`` are read and
-    written through views made ahead (``AT{j}[at]``, ``RAT[at]``; cheaper than
-    slicing) rather than as slices of ``WIN{j}`` / ``RWIN3``."""
-    win = [f"AT{j}[at]" if views else f"WIN{j}[:k, at]" for j in range(len(win_pos))]
-    values, out = _transition_source(count, win_pos, reward_pos, win, "ret")
+def _lockstep_lines(
+    count: int, win_pos: tuple[int, ...], end_pos: tuple[int, int], reward_pos: int, views: bool,
+    store: StoreLines,
+) -> list[str]:  # fmt: skip
+    """The vector-step part of :meth:`NStepWriter.step_function` for one writer
+    layout (see there): ``count`` input fields, the window fields' positions
+    among them, the two episode-end flags' (-1: no such field), the reward's;
+    ``views``: the windows' rows at ring row ``at`` are read and written through
+    views made ahead (``AT{j}[at]``; cheaper than slicing) rather than as
+    slices of ``WIN3_{j}``. ``k`` rows (``rows``). The kernel (``LOCKSTEP``)
+    plans the step, stores the returns and the discounts (into the columns
+    ``RET_OUT`` and ``DISC_OUT``, from ``start``) and commits the step's
+    rewards and clocks to the windows; the other fields are stored here, then
+    the window fields written. Returns ``k`` (every env's window completed: the
+    transitions stored), -1 (the windows still fill: the step waits in them,
+    nothing stored) or 0 (nothing changed)."""
+    win = [f"AT{j}[at]" if views else f"WIN3_{j}[:k, at]" for j in range(len(win_pos))]
+    out: list[str | None] = list(_transition_values(count, win_pos, reward_pos, win, ""))
+    out[reward_pos] = out[-1] = None  # (the returns and the discount: the kernel's)
     term, trunc = (f"v{p}" if p >= 0 else "NO_ENDS" for p in end_pos)
     put = "[...] = " if views else " = "
-    rewards = "RAT[at]" if views else "RWIN3[:k, at, 0]"
-    return "\n".join([
-        "def lockstep_step(S, values, k, check_reward, store, rows):",
-        "    if k != N_ENVS or S._n_rows != k:",
-        "        return None  # the streams are not registered yet",
-        f"    {values}, = values",
-        f"    if v{reward_pos}.dtype is F16:",
-        "        return None  # (the kernel has no float16: the general path widens it)",
-        "    ret = RET  # (scratch: the store copies the returns into the storage)",
+    flags = " or ".join(f"v{p}.dtype is F16" for p in (reward_pos, *end_pos) if p >= 0)
+    return [
+        "    k = rows",
+        "    if k != N_ENVS or S._n_rows != k or env_ids is not None or start + N_ENVS > cap:",
+        "        return 0  # the streams are not registered yet, or the rows would wrap",
+        f"    if {flags}:",
+        "        return 0  # (the kernel has no float16: the general path widens it)",
         f"    code, clock, length = LOCKSTEP(META, k, N, W, {term}, {trunc}, v{reward_pos}, "
-        "RWIN, GPOW, check_reward, ret)",
+        "RWIN, GPOW, check_reward, RET_OUT, DISC_OUT, DISC_F, start)",
         "    if code < 0:",
-        "        return None  # out of step, an episode end, a non-finite reward",
+        "        return 0  # out of step, an episode end, a non-finite reward",
         "    at = clock % W  # where this step waits: the oldest step's place when full",
         "    if code:  # every env's window completes",
-        f"        slots = store(rows, [{out}], k)",
-        "    else:",
-        "        slots = empty(0, INT64)",
+        *("    " + line for line in store(out)),
         *(f"    {win[j]}{put}v{p}" for j, p in enumerate(win_pos)),
-        f"    {rewards}{put}v{reward_pos}",
-        "    CLOCKS.fill(clock + 1)",
-        "    if not code:",
-        "        LENGTHS.fill(length + 1)",
-        "        S._n_pending += k",
-        "        S._max_len = max(S._max_len, length + 1)",
         "    S._version += 1",
-        "    return slots",
-    ]) + "\n"  # fmt: skip
-
-
-def _no_step(*args: Any) -> None:
-    """The specialised step of a writer whose fields have none: always None (take
-    the general path)."""
-    return None
+        "    if code:",
+        "        return k",
+        "    S._n_pending += k",
+        "    S._max_len = max(S._max_len, length + 1)",
+        "    return -1",
+    ]
 
 
 class NStepWriter:
@@ -402,7 +404,7 @@ class NStepWriter:
             # the kernel writes returns in the field's dtype where numba can
             f32_64 = rfield.dtype in (np.float32, np.float64)
             self._rdtype = rfield.dtype if f32_64 else np.dtype(np.float64)
-        # the one-row paths on matched values (row_step, prepare_row): positions in
+        # the one-row paths on matched values (step_function, prepare_row): positions in
         # the input's field order, and whether this writer's fields allow them
         pos = {name: i for i, name in enumerate(self.fields)}
         self._flag_pos = tuple(pos[key] for key, _ in self._flags)
@@ -410,7 +412,7 @@ class NStepWriter:
         self._reward_pos = -1 if self.reward_key is None else pos[self.reward_key]
         rf = None if self.reward_key is None else self.fields[self.reward_key]
         self._reward_type: Any = None if rf is None else rf.dtype.type
-        # the vector-step path (lockstep_step): every env at one pending length
+        # the vector-step path (step_function): every env at one pending length
         self._lockstep_ok = (
             self.n_envs is not None and self.n_envs > 1 and self.n > 1 and self._scalar_reward
             and rf is not None and rf.dtype.kind == "f" and self.autoreset is None
@@ -440,8 +442,8 @@ class NStepWriter:
     #: what :meth:`_views` derives from the windows: views of them, and the steps
     #: specialised to them
     _DERIVED = (
-        "_win3", "_rwin3", "_win_cols", "_win3_cols", "_rflat", "row_step", "lockstep_step",
-        "_return_fn",
+        "_win3", "_rwin3", "_win_cols", "_win3_cols", "_rflat", "_return_fn", "_step",
+        "_row_part", "_lock_part",
     )  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
@@ -772,32 +774,9 @@ class NStepWriter:
         return self._return_fn(r * self._w, clock, reward)
 
     def _make_steps(self) -> None:
-        """:attr:`row_step`, :attr:`lockstep_step` and the window return, made for the
-        current windows (again whenever they are replaced: new streams, a load).
-
-        ``row_step(writer, values, env_ids, check_reward, store, rows)`` adds one
-        transition of a known stream whose window is complete and that ends
-        nothing; ``lockstep_step(writer, values, k, check_reward, store, rows)``
-        adds a vector step (``k == n_envs`` rows, env i = stream i) in the steady
-        state: every env at one pending length, no episode end in the step, no
-        autoreset, a scalar float reward; then every env's window completes at
-        once, or none does (while they fill). Both are straight-line code
-        specialised to the fields (:mod:`fastper._codegen`), the rules of
-        :meth:`prepare` and :meth:`commit` for these cases: ``values`` as
-        :class:`~fastper.storage.DirectRows` matched them (:attr:`fields` order,
-        storable with no cast); ``check_reward``: a non-finite reward is not
-        taken (the general path names it). Each computes the completed
-        transitions (the window's first step, the return summed as the kernel
-        sums it, this step's ``next_obs`` and flags, the discount), calls
-        ``store(rows, out, -1 or k)`` with them in :attr:`output_fields` order
-        (the storage writes them; if that raises, nothing here has changed),
-        then puts the step in the windows and returns what ``store`` returned
-        (no slots while windows fill). ``None``: not here, with nothing
-        changed (a new stream, an episode end, a dropped row, a window still
-        filling (``row_step``) or out of step (``lockstep_step``), a ring that
-        must grow, a non-finite reward, a layout without the path): take
-        :meth:`prepare_row` or :meth:`prepare`. O(k n).
-        """
+        """The window return, and the parts of :meth:`step_function`, made for the
+        current windows (again whenever they are replaced: new streams, a load);
+        the step made before is dropped."""
         w = self._w
         gp = self._gpow_list
         constants: dict[str, Any] = {
@@ -806,61 +785,137 @@ class NStepWriter:
             "isfinite": math.isfinite,
         }  # fmt: skip
         constants.update({f"G{j}": gp[j] for j in range(min(w, _UNROLL) + 1)})
-        source, names = _return_source(w), ["window_return"]
+        (self._return_fn,) = specialise(
+            "nstep.window_return", _return_source(w), constants, "window_return"
+        )
+        #: (the storage's rows it stores into, the step): see step_function
+        self._step: tuple[Any, Callable[..., int] | None] | None = None
+        #: the one-row part of the step: (row views, constants), or None
+        self._row_part: tuple[tuple[bool, ...], dict[str, Any]] | None = None
         if self._rows_direct and self.n > 1 and w == self.n - 1 and self._scalar_reward:
             row_views = tuple(
                 col.ndim > 1 and col.shape[0] <= _ROW_VIEWS for col, _ in self._win_cols
             )
-            source = _row_source(
-                len(self.fields), self._win_pos, self._flag_pos, self._reward_pos, w,
-                self.n_envs is None, row_views,
-            )  # fmt: skip
             for j, (col, _) in enumerate(self._win_cols):
                 constants[f"WIN{j}"] = col
                 if row_views[j]:
                     constants[f"ROWS{j}"] = tuple(col)  # (row views of the window column)
-            names.append("row_step")
-        functions = specialise("nstep.steps", source, constants, *names)
-        self._return_fn: Callable[[int, int, float], float] = functions[0]
-        #: the one-row step (see :meth:`_make_steps`)
-        self.row_step: Callable[..., np.ndarray | None] = (
-            functions[1] if len(functions) > 1 else _no_step
-        )
-        #: the vector step in the steady state (see :meth:`_make_steps`)
-        self.lockstep_step: Callable[..., np.ndarray | None] = _no_step
+            self._row_part = (row_views, constants)
+        #: the vector-step part of the step: (views, constants), or None
+        self._lock_part: tuple[bool, dict[str, Any]] | None = None
         if self._lockstep_ok:
             assert self.n_envs is not None
             k = self.n_envs
             meta, views = self._meta, w <= _VIEW_ROWS
             lock_constants = {
                 "N_ENVS": k, "N": self.n, "W": w, "META": meta, "RWIN": self._rwin,
-                "RWIN3": self._rwin3, "GPOW": self._gpow, "LOCKSTEP": _nk.lockstep,
-                "empty": np.empty, "INT64": np.dtype(np.int64), "F16": np.dtype(np.float16),
-                "CLOCKS": meta[:k, _nk.CLOCK], "LENGTHS": meta[:k, _nk.LENGTH],
-                "RET": np.empty(k),
+                "GPOW": self._gpow, "LOCKSTEP": _nk.lockstep, "F16": np.dtype(np.float16),
                 "NO_ENDS": _frozen(np.zeros(k, dtype=np.bool_)),
-                "DISC": _frozen(np.full(k, self._disc_full[0])),
+                "DISC_F": float(self._disc_full[0]),
             }  # fmt: skip
             for j, (col3, _) in enumerate(self._win3_cols):
-                lock_constants[f"WIN{j}"] = col3
+                lock_constants[f"WIN3_{j}"] = col3
                 if views:
                     lock_constants[f"AT{j}"] = tuple(col3[:k, at] for at in range(w))
-            if views:
-                lock_constants["RAT"] = tuple(self._rwin3[:k, at, 0] for at in range(w))
-            source = _lockstep_source(
-                len(self.fields), self._win_pos, self._end_pos, self._reward_pos, views
-            )
-            (self.lockstep_step,) = specialise(
-                "nstep.lockstep_step", source, lock_constants, "lockstep_step"
-            )
+            self._lock_part = (views, lock_constants)
+
+    def step_function(self, matcher: Any, rows: Any) -> Callable[..., int] | None:
+        """The most frequent n-step adds in one call, written out for this writer's
+        fields and windows and for a storage's columns; None where this writer
+        has neither of its cases. Made once for ``rows`` and these windows
+        (again after they are replaced: new streams, a load).
+
+        ``step(writer, transition, env_ids, check_reward, start)`` takes an add's
+        dict of values: ``matcher`` (a :class:`~fastper.storage.DirectRows`
+        over :attr:`fields`) checks them as :meth:`~fastper.storage.DirectRows.match`
+        does. It then takes two cases, with the rules of :meth:`prepare` and
+        :meth:`commit`: one transition of a known stream whose window is
+        complete and that ends nothing, or a vector step (``n_envs`` rows, env i
+        = stream i, no ``env_ids``) in the steady state: every env at one
+        pending length, no episode end in the step, no autoreset, a scalar
+        float reward; then every env's window completes at once, or none does
+        (while they fill). It computes the completed transitions (the window's
+        first step, the return summed as the kernel sums it, this step's
+        ``next_obs`` and flags, the discount), stores them into the columns of
+        ``rows`` (a :class:`~fastper.storage.DirectRows` of the storage, fields
+        in :attr:`output_fields` order) from slot ``start`` (a vector step's rows
+        must fit before the ring's end, or it is not taken), then puts the step
+        in the windows. It returns how many transitions it stored (the caller
+        then commits them to its ring), -1 where the vector step waits in the
+        windows with nothing stored, and 0, with nothing changed, for anything
+        else (values ``match`` refuses, a new stream, an episode end, a dropped
+        row, a window still filling (one row) or out of step (a vector step), a
+        non-finite reward (``check_reward``), rows that would wrap): take
+        :meth:`prepare_row` or :meth:`prepare`. Straight-line code with no
+        Python loop over rows (:mod:`fastper._codegen`); O(k n).
+        """
+        cached = self._step
+        if cached is not None and cached[0] is rows:
+            return cached[1]
+        step = None
+        lock_part = self._lock_part
+        if lock_part is not None and not (
+            rows.columns[self._reward_pos].dtype in _KERNEL_FLOATS
+            and rows.columns[-1].dtype == _KERNEL_FLOATS[0]
+        ):  # (a float16 reward field: the kernel stores neither it nor another layout)
+            lock_part = None
+        if (self._row_part is not None or lock_part is not None) and tuple(
+            rows.names
+        ) == tuple(self.output_fields):
+            checks, constants = matcher.check_lines()
+            constants = dict(constants)
+            lines = ["def step(S, transition, env_ids, check_reward, start):", *checks]
+            count = len(self.fields)
+            lines.append("    if rows == -1:")
+            if self._row_part is not None:
+                row_views, row_constants = self._row_part
+                store: list[dict[str, Any]] = []
+
+                def store_one(out: Sequence[str | None]) -> list[str]:
+                    put, columns = rows.store_lines(out, -1)
+                    store.append(columns)
+                    return put
+
+                body = _row_lines(
+                    count, self._win_pos, self._flag_pos, self._reward_pos, self._w,
+                    self.n_envs is None, row_views, store_one,
+                )  # fmt: skip
+                lines += ["    " + line for line in body]
+                constants.update(row_constants)
+                constants.update(store[0])
+            else:
+                lines.append("        return 0")
+            if lock_part is not None:
+                views, lock_constants = lock_part
+                stored: list[dict[str, Any]] = []
+
+                def store_rows(out: Sequence[str | None]) -> list[str]:
+                    assert self.n_envs is not None
+                    put, columns = rows.store_lines(out, self.n_envs)
+                    stored.append(columns)
+                    return put
+
+                lines += _lockstep_lines(
+                    count, self._win_pos, self._end_pos, self._reward_pos, views, store_rows
+                )
+                constants.update(lock_constants)
+                constants.update(stored[0])
+                # (the kernel stores the returns and the discounts into their columns)
+                constants["RET_OUT"] = rows.columns[self._reward_pos]
+                constants["DISC_OUT"] = rows.columns[count]
+            else:
+                lines.append("    return 0")
+            (step,) = specialise("nstep.step", "\n".join(lines) + "\n", constants, "step")
+        self._step = (rows, step)
+        return step
 
     def prepare_row(
         self, values: list[Any], env_ids: Any, check_reward: bool
     ) -> tuple[list[Any] | None, tuple[Any, ...]] | None:
         """:meth:`prepare` for one transition of a known stream that ends nothing, as
-        plain values, where :attr:`row_step` does not take it: a window still
+        plain values, where :meth:`step_function` does not take it: a window still
         filling, or ``n == 1`` (autoreset only); ``None``: take :meth:`prepare`
-        (which checks everything). A complete window is :attr:`row_step`'s.
+        (which checks everything). A complete window is :meth:`step_function`'s.
 
         ``values``: one row in :attr:`fields` order, each as
         :class:`~fastper.storage.DirectRows` matched it (of the field's shape,

@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ._codegen import specialise
-from ._validation import check_int, show, to_numpy
+from ._validation import check_int, floats_finite, rewards_finite, show, to_numpy
 from .errors import CapacityWarning, FieldTypeError
 
 
@@ -379,6 +379,7 @@ class DirectRows:
 
     __slots__ = (
         "columns", "columns_by_one", "count", "entries", "names", "capacity", "match", "write",
+        "_constants", "_long_runs",
     )  # fmt: skip
 
     #: ``match(transition)``: the values in field order and the row count, or
@@ -434,6 +435,82 @@ class DirectRows:
         (self.match,) = specialise("DirectRows.match", _match_source(self.entries), facts, "match")
         write = _write_source(len(self.columns), long_runs)
         (self.write,) = specialise("DirectRows.write", write, columns_by_name, "write")
+        self._constants = {**facts, **columns_by_name}
+        self._long_runs = long_runs
+
+    def check_lines(self) -> tuple[list[str], dict[str, Any]]:
+        """:meth:`match`'s checks as source lines for a function specialised
+        elsewhere (an n-step writer's one-call step), with the constants they read.
+
+        The lines read ``transition`` and leave the values in ``v0, v1, ..``
+        (the fields in :attr:`names` order) and the count (as :meth:`match`'s)
+        in ``rows``; where :meth:`match` would answer ``None`` they return 0.
+        """
+        return _check_lines(self.entries, "0"), {
+            k: v for k, v in self._constants.items() if not k.startswith(("COL", "BY_ONE", "PUT"))
+        }
+
+    def store_lines(
+        self, values: Sequence[str | None], k: int
+    ) -> tuple[list[str], dict[str, Any]]:
+        """:meth:`write`'s stores as source lines for a function specialised elsewhere,
+        with the constants they read (the columns).
+
+        ``values``: an expression per column, in :attr:`names` order (None: a
+        column the function stores otherwise, no line for it); stored from
+        slot ``start`` (they must fit before the ring's end): one transition
+        (``k == -1``) or ``k >= 1`` rows, as :meth:`write` stores them.
+        Indented for a function's body.
+        """
+        if not self.columns:
+            raise TypeError("a matcher only: no columns to write")
+        skip = "(no store)"  # (a marker no expression holds)
+        exprs = [skip if v is None else v for v in values]
+        branches = _write_lines(len(self.columns), self._long_runs, exprs)
+        # the branch write takes for k, without its tests: the lines under it
+        if k == -1:
+            at = branches.index("    if k == -1:")
+        elif k == 1:
+            at = branches.index(next(b for b in branches if b.startswith("    elif k == 1:")))
+        elif k < _ITEM_ROWS or not any(self._long_runs):
+            at = branches.index(
+                "    else:" if not any(self._long_runs) else f"    elif k < {_ITEM_ROWS}:"
+            )
+        else:
+            at = branches.index(next(b for b in branches if b.startswith("    else:  # a long")))
+        lines = []
+        for line in branches[at + 1 :]:
+            if not line.startswith("        "):
+                break
+            if skip not in line:
+                lines.append(line[4:].replace("start + k", f"start + {k}"))
+        return lines, {
+            k: v for k, v in self._constants.items() if k.startswith(("COL", "BY_ONE", "PUT"))
+        }
+
+    def putter(self, reward: str | None) -> Callable[[dict[str, Any], int], int]:
+        """``put(transition, start)``: :meth:`match` and :meth:`write` in one call, for
+        the most frequent add (one env step, or one of every env's).
+
+        It stores the matched values from slot ``start`` and returns how many
+        rows it stored, or returns 0 having stored nothing: where :meth:`match`
+        answers ``None``, where the rows do not fit before the ring's end, or
+        where the field ``reward`` (None: no check) holds a NaN or an inf. The
+        caller then takes the general path, which names the problem. O(fields)
+        for one row.
+        """
+        if not self.columns:
+            raise TypeError("a matcher only: no columns to write")
+        if reward is not None and reward not in self.names:
+            raise ValueError(f"no field {reward!r} to check rewards in; fields: {list(self.names)}")
+        index = None if reward is None else self.names.index(reward)
+        constants = {
+            **self._constants, "ISFINITE": math.isfinite, "FLOATS_FINITE": floats_finite,
+            "REWARDS_FINITE": rewards_finite,
+        }  # fmt: skip
+        source = _put_source(self.entries, self._long_runs, index)
+        (put,) = specialise("DirectRows.put", source, constants, "put")
+        return put
 
     def __reduce__(self) -> Any:
         # its functions write into the columns they were made for: a copy would too
@@ -490,8 +567,16 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     int columns: in range), a bool or a numpy scalar of its own dtype. Every
     field's count must be the first field's.
     """
+    values = ", ".join(f"v{i}" for i in range(len(entries)))
+    lines = ["def match(transition):", *_check_lines(entries, "None"), f"    return [{values}], rows"]
+    return "\n".join(lines) + "\n"
+
+
+def _check_lines(entries: tuple[tuple[Any, ...], ...], refuse: str) -> list[str]:
+    """The body of :attr:`DirectRows.match`'s checks (see :func:`_match_source`), up
+    to its answer: on success the values are ``v0, v1, ..`` and the count is
+    ``rows``; on failure the code returns ``refuse``."""
     lines = [
-        "def match(transition):",
         f"    if len(transition) != {len(entries)}:",
         "        return None",
         "    try:",
@@ -547,9 +632,9 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
             lines.append("    rows = r")
         else:
             lines += ["    if r != rows:", "        return None"]
-    values = ", ".join(f"v{i}" for i in range(len(entries)))
-    lines.append(f"    return [{values}], rows")
-    return "\n".join(lines) + "\n"
+    if refuse != "None":
+        lines = [line.replace("return None", f"return {refuse}") for line in lines]
+    return lines
 
 
 def _shape_lines(v: str, i: int, shape: tuple[int, ...]) -> list[str]:
@@ -610,24 +695,75 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
         lines.append("    raise TypeError('a matcher only: no columns to write')")
         return "\n".join(lines) + "\n"
     lines.append(f"    {names}, = values")
-    lines.append("    if k == -1:")
-    lines += [f"        COL{i}[start] = v{i}" for i in range(count)]
+    lines += _write_lines(count, long_runs)
+    return "\n".join(lines) + "\n"
+
+
+def _write_lines(
+    count: int, long_runs: tuple[bool, ...], values: list[str] | None = None
+) -> list[str]:
+    """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` (or the
+    expressions ``values``, one per column) of count ``k`` (-1: one transition)
+    into the columns from slot ``start``."""
+    v = values if values is not None else [f"v{i}" for i in range(count)]
+    lines = ["    if k == -1:"]
+    lines += [f"        COL{i}[start] = {v[i]}" for i in range(count)]
     lines.append(
         "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
     )
-    lines += [f"        BY_ONE{i}[start] = v{i}" for i in range(count)]
+    lines += [f"        BY_ONE{i}[start] = {v[i]}" for i in range(count)]
     if not any(long_runs):
         lines.append("    else:")
         lines.append("        end = start + k")
-        lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
-        return "\n".join(lines) + "\n"
+        lines += [f"        COL{i}[start:end] = {v[i]}" for i in range(count)]
+        return lines
     lines.append(f"    elif k < {_ITEM_ROWS}:")
     lines.append("        end = start + k")
-    lines += [f"        COL{i}[start:end] = v{i}" for i in range(count)]
+    lines += [f"        COL{i}[start:end] = {v[i]}" for i in range(count)]
     lines.append("    else:  # a long run: the storage's own copy where it has one")
     lines.append("        end = start + k")
-    lines += [f"        PUT{i}(start, v{i})" if long_runs[i] else f"        COL{i}[start:end] = v{i}"
+    lines += [f"        PUT{i}(start, {v[i]})" if long_runs[i] else f"        COL{i}[start:end] = {v[i]}"
               for i in range(count)]  # fmt: skip
+    return lines
+
+
+def _put_source(
+    entries: tuple[tuple[Any, ...], ...], long_runs: tuple[bool, ...], reward: int | None
+) -> str:
+    """The source of :meth:`DirectRows.putter`'s function: :attr:`DirectRows.match`'s
+    checks, the rows' room before the ring's end, the reward field's finiteness
+    (field ``reward``; None: unchecked), then :attr:`DirectRows.write`'s stores.
+    Nothing is stored before every check has passed."""
+    lines = ["def put(transition, start):", *_check_lines(entries, "0")]
+    lines += ["    n = 1 if rows == -1 else rows", "    if start + n > cap:", "        return 0"]
+    if reward is not None:
+        v = f"v{reward}"
+        lines += [
+            f"    t = type({v})",
+            "    if t is float:",
+            f"        if not ISFINITE({v}):",
+            "            return 0",
+            "    elif t is ndarray:",
+        ]
+        dtype = entries[reward][8]
+        if not entries[reward][1] and dtype.kind == "f" and dtype.itemsize <= 8:
+            # a vector env's step of the field's own dtype: its rewards as Python floats
+            lines += [
+                f"        if 1 < rows <= 8 and {v}.dtype is DTYPE{reward}:",
+                f"            s = {v}.tolist()",  # (their sum first: FLOATS_FINITE's own test)
+                "            if not (ISFINITE(sum(s)) or FLOATS_FINITE(s)):",
+                "                return 0",
+                f"        elif not REWARDS_FINITE({v}):",
+                "            return 0",
+            ]
+        else:
+            lines += [f"        if not REWARDS_FINITE({v}):", "            return 0"]
+        lines += [
+            "    elif t is not int and t is not bool:  # a numpy scalar of the field's dtype",
+            f"        if not ISFINITE({v}):",
+            "            return 0",
+        ]
+    lines += ["    k = rows", *_write_lines(len(entries), long_runs), "    return n"]
     return "\n".join(lines) + "\n"
 
 

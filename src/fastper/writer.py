@@ -35,7 +35,10 @@ class RingWriter:
         self.key_base = 0  # ``added`` at the last clear
 
     def advance(self, k: int) -> int:
-        """Account for ``k <= capacity`` transitions written from :attr:`cursor`; returns the start. O(1)."""
+        """Account for ``k <= capacity`` transitions written from :attr:`cursor`; returns the start. O(1).
+
+        Also written out inline by the no-cast adds (``RowsMixin._store_direct``,
+        rows that fit before the ring's end): a change here is a change there."""
         start, cap = self.cursor, self.capacity
         end = start + k  # (no % and no min(): this runs on every add)
         self.cursor = end if end < cap else end - cap

@@ -456,3 +456,20 @@ def test_a_cpu_buffer_of_records_loads_into_a_device_buffer(backend, tmp_path):
     ):
         for name, col in cpu.storage.columns.items():
             np.testing.assert_array_equal(dev.storage.columns[name][:CAP].numpy(), col)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_max_priority_above_one_round_trips(backend):
+    """New items get the constant ``max_priority`` (here above every update's),
+    which does not raise ``max_priority_ever``: the state still loads."""
+    dev = make(backend, max_priority=6.5)
+    dev.add(rows(5))
+    s = dev.sample(3)
+    dev.update_priorities(s.indices, [0.5, 1.0, 2.0], keys=s.keys)
+    assert dev.max_priority_ever < 6.5
+    state = dev.state_dict()
+    again = make(backend, max_priority=6.5, seed=4)
+    again.load_state_dict(state)
+    every = torch.arange(5)
+    np.testing.assert_array_equal(again.priorities(every).numpy(), dev.priorities(every).numpy())
+    assert float(again.priorities(every).max()) == 6.5

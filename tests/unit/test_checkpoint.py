@@ -151,6 +151,9 @@ BUFFERS = {
     "proportional-current-max-in-order": lambda: fastper.PrioritizedReplayBuffer(
         12, CARTPOLE_FIELDS, max_priority="current", shuffle=False, alpha_every=3, seed=3
     ),
+    "proportional-constant-max-priority": lambda: fastper.PrioritizedReplayBuffer(
+        12, CARTPOLE_FIELDS, max_priority=4.9, clip=5.0, seed=3
+    ),
     "proportional-switching-scheme": _switching,
     "rank": lambda: fastper.RankBasedReplayBuffer(12, CARTPOLE_FIELDS, alpha=0.8, seed=3),
     "rank-sort-every": lambda: fastper.RankBasedReplayBuffer(

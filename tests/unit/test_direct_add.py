@@ -62,7 +62,8 @@ def _row(rng: np.random.Generator, style: str) -> dict[str, Any]:
 
 def _general(buf: Any) -> Any:
     """``buf`` with its no-cast path switched off (every add takes the general path)."""
-    buf._add_direct = lambda transition: None
+    storage, rows, _ = buf._direct_cache()
+    buf._direct = (storage, rows, None)  # no one-call store: no no-cast add of rows
     return buf
 
 
@@ -253,7 +254,7 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
     fast = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
     slow = PrioritizedReplayBuffer(23, fields, n_step=3, gamma=0.9, n_envs=2, seed=1)
     slow._window_batch = lambda t: coerce_batch(slow._nstep.fields, t, None)  # type: ignore[method-assign]
-    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
     rng = np.random.default_rng(4)
     for t in range(120):
         ends = rng.random(2) < 0.15
@@ -270,7 +271,7 @@ def test_n_step_adds_of_plain_values_match_the_general_path() -> None:
     one_fast = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
     one_slow = PrioritizedReplayBuffer(9, fields, n_step=2, seed=0)
     one_slow._window_batch = lambda t: coerce_batch(one_slow._nstep.fields, t, None)  # type: ignore[method-assign]
-    one_slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    one_slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
     for t in range(30):
         row = {"obs": np.full(2, t, np.float32), "action": t % 3, "reward": 0.5 * t,
                "next_obs": np.full(2, t + 1, np.float32), "terminated": t % 7 == 6,
@@ -289,25 +290,27 @@ def _window_row(rng: np.random.Generator, t: int, style: str, reward: Any, end_p
             "next_obs": obs + 1, "terminated": np.bool_(term), "truncated": np.array(trunc)}  # fmt: skip
 
 
-def _count_steps(writer: Any, name: str) -> list[int]:
-    """Count the adds the writer's specialised step ``name`` takes (``row_step`` or
-    ``lockstep_step``), through every remake of it (a load makes it again)."""
+def _count_steps(writer: Any) -> list[int]:
+    """Count the adds the writer's one-call step (``NStepWriter.step_function``)
+    takes, through every remake of it (new streams and a load make it again)."""
     took = [0]
-    made = writer._make_steps
+    make = writer.step_function
 
-    def make_counted() -> None:
-        made()
-        step = getattr(writer, name)
+    def make_counted(matcher: Any, rows: Any) -> Any:
+        step = make(matcher, rows)
+        if step is None:
+            return None
 
         def counted(*args: Any) -> Any:
             out = step(*args)
-            took[0] += out is not None
+            took[0] += out != 0
             return out
 
-        setattr(writer, name, counted)
+        writer._step = (rows, counted)
+        return counted
 
-    writer._make_steps = make_counted
-    make_counted()
+    writer.step_function = make_counted
+    writer._step = None  # made again, counted
     return took
 
 
@@ -338,20 +341,20 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
     if n_envs is not None:
         kw["n_envs"] = n_envs
     fast, slow = PrioritizedReplayBuffer(29, fields, **kw), PrioritizedReplayBuffer(29, fields, **kw)
-    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+    slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
     slow._nstep._prepare_one = lambda batch, r: None  # type: ignore[method-assign]  # the kernel's
-    took = [0]
-    row_path = fast._add_window_row
+    general = [0]  # adds that took the general path
+    general_path = fast._add
 
-    def counted(t: Any, e: Any) -> Any:
-        out = row_path(t, e)
-        took[0] += out is not None
-        return out
+    def counted(*args: Any) -> Any:
+        general[0] += 1
+        return general_path(*args)
 
-    fast._add_window_row = counted  # type: ignore[method-assign]
-    if fast._nstep.row_step is not fastper.nstep._no_step:  # row views, or the fallback
-        assert ("ROWS0" in fast._nstep.row_step.__globals__) == (row_views > 0)
-    stepped = _count_steps(fast._nstep, "row_step")
+    fast._add = counted  # type: ignore[method-assign]
+    adds = 0
+    if fast._nstep._row_part is not None:  # row views, or the fallback
+        assert ("ROWS0" in fast._nstep._row_part[1]) == (row_views > 0)
+    stepped = _count_steps(fast._nstep)
     rng = np.random.default_rng(n)
     streams = 1 if n_envs is not None else 3
     for t in range(600):
@@ -368,13 +371,14 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
                     buf.add(row, env_ids=env_ids)
         else:
             np.testing.assert_array_equal(fast.add(row, env_ids=env_ids), slow.add(row, env_ids=env_ids))
+            adds += 1
         if t % 50 == 49:
             _draw_and_update_alike(fast, slow, 5)
             _same_bits(fast.state_dict(), slow.state_dict(), f"step {t}")
         if t == 300:  # the row path reads its windows through views: rebuilt by a load
             fast.load_state_dict(fast.state_dict())
     _same_bits(fast.state_dict(), slow.state_dict(), "end")
-    assert took[0] > 150, "the row path must be taken"
+    assert adds - general[0] > 150, "the row path must be taken"
     if n > 1:
         assert stepped[0] > 50, f"complete windows must take the specialised step: {stepped[0]}"
 
@@ -420,8 +424,8 @@ def test_vector_n_step_steps_leave_the_buffer_the_general_path_leaves(
     if "truncated" not in flags:
         kw["nstep_keys"] = {"truncated": None}
     fast, slow = PrioritizedReplayBuffer(61, fields, **kw), PrioritizedReplayBuffer(61, fields, **kw)
-    slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
-    took = _count_steps(fast._nstep, "lockstep_step")
+    slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
+    took = _count_steps(fast._nstep)
     rng = np.random.default_rng(n + n_envs)
     for t in range(400):
         end_p = 0.0 if (t // 50) % 2 == 0 else 0.1  # long runs in lockstep, then ends
@@ -518,7 +522,9 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
     values (arrays of every dtype and of right and wrong shapes, Python and numpy
     scalars, values at and past each dtype's range, NaN and inf), a value it
     accepts is one the general path accepts and stores with the same bits, and
-    one the general path refuses it never accepts."""
+    one the general path refuses it never accepts. ``DirectRows.putter``'s one-call
+    store takes exactly the values ``match`` takes, stores the same bits, and stores
+    nothing where the rows do not fit or its reward field holds a NaN or an inf."""
     from fastper.storage import DirectRows, Storage
 
     rng = np.random.default_rng(11)
@@ -545,15 +551,23 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
             raw = rng.choice(np.array(specials[:10], dtype=np.float64), size=full)
             return raw.astype(code)
 
-    accepted = refused = 0
+    accepted = refused = nonfinite = 0
     for trial in range(600):
         n = int(rng.integers(1, 4))
         fields = {f"f{i}": (shapes[int(rng.integers(0, 4))], np.dtype(codes[int(rng.integers(0, len(codes)))]))
                   for i in range(n)}  # fmt: skip
-        general, direct = Storage(fields, 8), Storage(fields, 8)
+        general, direct, putting = Storage(fields, 8), Storage(fields, 8), Storage(fields, 8)
         rows = DirectRows(direct.fields, 8, direct.columns)
+        floats = [name for name, (_, dt) in fields.items() if dt.kind == "f"]
+        reward = floats[int(rng.integers(0, len(floats)))] if floats and rng.random() < 0.8 else None
+        put = putting.direct_rows().putter(reward)
         want = [-1, 1, 3][int(rng.integers(0, 3))]
         transition = {name: value(shape, want) for name, (shape, _) in fields.items()}
+        if reward is not None and rng.random() < 0.15:  # a NaN or inf reward among finite ones
+            shape, dtype = fields[reward]
+            bad = np.zeros((*(() if want == -1 else (want,)), *shape), dtype)
+            bad.flat[int(rng.integers(0, bad.size))] = [np.nan, np.inf, -np.inf][int(rng.integers(0, 3))]
+            transition[reward] = bad if rng.random() < 0.7 or bad.ndim else float(bad)
         matched = rows.match(transition)
         try:
             prepared, k = general.prepare(transition)
@@ -562,6 +576,7 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
             refused += 1
             continue
         if matched is None:
+            assert put(transition, 2) == 0 and _untouched(putting), trial
             continue
         accepted += 1
         values, count = matched
@@ -571,8 +586,24 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
         for name in fields:
             a, b = general.columns[name], direct.columns[name]
             assert a.tobytes() == b.tobytes(), (trial, name, transition[name])
-    # both outcomes are exercised
-    assert accepted > 50 and refused > 50, (accepted, refused)
+        # the one-call store: the same rows where they fit and the rewards are finite
+        assert put(transition, 8 - k + 1) == 0 and _untouched(putting), trial  # no room
+        finite = reward is None or bool(np.isfinite(prepared[reward]).all())
+        stored = put(transition, 2)
+        assert stored == (k if finite else 0), (trial, reward, transition)
+        if not finite:
+            assert _untouched(putting), trial
+            nonfinite += 1
+            continue
+        for name in fields:
+            a, b = general.columns[name], putting.columns[name]
+            assert a.tobytes() == b.tobytes(), (trial, name, transition[name])
+    # both outcomes are exercised, and refused rewards
+    assert accepted > 50 and refused > 50 and nonfinite > 5, (accepted, refused, nonfinite)
+
+
+def _untouched(storage: Any) -> bool:
+    return not any(any(column.tobytes()) for column in storage.columns.values())
 
 
 _SHAPE_CASES: dict[tuple[int, ...], dict[tuple[int, ...], int | None]] = {
@@ -672,7 +703,7 @@ def test_half_precision_rewards_in_n_step_windows(field_dtype: Any) -> None:
         if n_envs is not None:
             kw["n_envs"] = n_envs
         fast, slow = PrioritizedReplayBuffer(64, fields, **kw), PrioritizedReplayBuffer(64, fields, **kw)
-        slow._add_window_row = lambda t, e: None  # type: ignore[method-assign]
+        slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
         slow._nstep._prepare_one = lambda batch, r: None  # type: ignore[method-assign]
         shape = () if n_envs is None else (n_envs,)
         for t in range(12):
@@ -684,3 +715,190 @@ def test_half_precision_rewards_in_n_step_windows(field_dtype: Any) -> None:
         got = fast.storage.gather(np.arange(len(fast)))
         # the first transition: rewards 0, 0.25, 0.5 -> 0 + 0.5 * 0.25 + 0.25 * 0.5
         assert got["reward"].dtype == field_dtype and float(got["reward"][0]) == 0.25
+
+
+WINDOW_FIELDS = {"obs": ((2,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+                 "next_obs": ((2,), np.float32), "terminated": ((), np.bool_),
+                 "truncated": ((), np.bool_)}  # fmt: skip
+
+
+@pytest.mark.parametrize("flag_dtype", [np.float16, np.float32, np.float64, np.int8, np.bool_])
+def test_vector_steps_take_episode_end_flags_of_every_exact_dtype(flag_dtype: Any) -> None:
+    """Flags given in another dtype that converts exactly into the flag field
+    (float16 included, which the compiled step has no kernel for) are stored as
+    the general path stores them, in and out of lockstep."""
+    fields = {"obs": ((2,), np.float32), "reward": ((), np.float32),
+              "next_obs": ((2,), np.float32), "done": ((), np.float32)}  # fmt: skip
+    kw: dict[str, Any] = {"n_step": 2, "n_envs": 2, "seed": 0,
+                          "nstep_keys": {"terminated": "done", "truncated": None}}  # fmt: skip
+    fast, slow = PrioritizedReplayBuffer(16, fields, **kw), PrioritizedReplayBuffer(16, fields, **kw)
+    slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
+    for t in range(12):
+        row = {"obs": np.full((2, 2), t, np.float32), "reward": np.full(2, 0.5 * t, np.float32),
+               "next_obs": np.full((2, 2), t + 1, np.float32),
+               "done": np.array([t == 7, False]).astype(flag_dtype)}  # fmt: skip
+        np.testing.assert_array_equal(fast.add(row), slow.add(row))
+    _same_bits(fast.state_dict(), slow.state_dict(), str(flag_dtype))
+    assert len(fast) >= 16
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"autoreset": "next_step"}, {"n_step": 3}, {"n_step": 3, "n_envs": 2},
+     {"n_envs": 2, "autoreset": "next_step"}, {}],
+    ids=["autoreset", "n3", "n3-vector", "vector-autoreset", "plain"],
+)  # fmt: skip
+def test_a_storage_with_the_fields_in_another_order_stores_each_value_by_name(kw: dict) -> None:
+    """A storage of the buffer's fields listed in another order: every add path
+    stores each value in its own column (none by position)."""
+    from fastper.storage import Storage
+
+    stored = dict(PrioritizedReplayBuffer(8, WINDOW_FIELDS, **kw).storage.fields)
+    order = dict(reversed(list(stored.items())))
+    fast = PrioritizedReplayBuffer(8, WINDOW_FIELDS, storage=lambda f, c: Storage(order, c), seed=0, **kw)
+    plain = PrioritizedReplayBuffer(8, WINDOW_FIELDS, seed=0, **kw)
+    assert tuple(fast.storage.fields) != tuple(plain.storage.fields)
+    k = kw.get("n_envs")
+    for t in range(10):
+        shape = () if k is None else (k,)
+        row = {"obs": np.full((*shape, 2), t, np.float32), "action": np.full(shape, t),
+               "reward": np.full(shape, 0.5 * t, np.float32),
+               "next_obs": np.full((*shape, 2), 10 + t, np.float32),
+               "terminated": np.full(shape, t == 4), "truncated": np.zeros(shape, bool)}  # fmt: skip
+        if k is None:  # one env's step as an env loop has it: Python numbers
+            row.update(action=t, reward=0.5 * t, terminated=t == 4, truncated=False)
+        np.testing.assert_array_equal(fast.add(row), plain.add(row))
+    for name in stored:
+        np.testing.assert_array_equal(fast.storage.columns[name][: len(fast)],
+                                      plain.storage.columns[name][: len(plain)], err_msg=name)  # fmt: skip
+
+
+def test_the_n_step_step_is_made_only_for_rows_in_the_windows_order() -> None:
+    from fastper.storage import DirectRows, Storage
+
+    buf = PrioritizedReplayBuffer(8, WINDOW_FIELDS, n_step=3, seed=0)
+    writer = buf._nstep
+    matcher = DirectRows(writer.fields, 8)
+    fields = dict(writer.output_fields)
+    assert writer.step_function(matcher, Storage(fields, 8).direct_rows()) is not None
+    other = Storage(dict(reversed(list(fields.items()))), 8).direct_rows()
+    assert writer.step_function(matcher, other) is None
+
+
+class _RecordingGuard:
+    """A save in progress, as the buffer sees one: told of every slot about to be
+    written over."""
+
+    def __init__(self) -> None:
+        self.told: list[int] = []
+
+    def before_write(self, slots: Any) -> None:
+        self.told += np.asarray(slots).tolist()
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"n_step": 3}, {"n_step": 3, "n_envs": 2}, {"autoreset": "next_step"}],
+    ids=["plain", "n3", "n3-vector", "autoreset"],
+)  # fmt: skip
+def test_a_save_in_progress_sees_every_row_written_over(kw: dict) -> None:
+    """While a save streams the rows, every add (the no-cast ones too) tells it of
+    the slots it is about to write over."""
+    buf = PrioritizedReplayBuffer(8, WINDOW_FIELDS, seed=0, **kw)
+    k = kw.get("n_envs")
+    written: list[int] = []
+    guard = _RecordingGuard()
+    for t in range(30):
+        shape = () if k is None else (k,)
+        row = {"obs": np.full((*shape, 2), t, np.float32), "action": np.full(shape, t),
+               "reward": np.full(shape, 0.5, np.float32), "next_obs": np.zeros((*shape, 2), np.float32),
+               "terminated": np.zeros(shape, bool), "truncated": np.zeros(shape, bool)}  # fmt: skip
+        if k is None:
+            row.update(action=t, reward=0.5, terminated=False, truncated=False)
+        if t == 10:
+            buf._guards.append(guard)  # type: ignore[arg-type]
+        slots = buf.add(row)
+        if t >= 10:
+            written += slots.tolist()
+    buf._guards.remove(guard)  # type: ignore[arg-type]
+    assert len(written) >= 19 and guard.told == written
+
+
+def test_adds_into_invalid_slots_and_after_a_load_that_swaps_the_storage() -> None:
+    """n-step adds while some slots are invalid, and plain one-row adds after a
+    load replaced the storage: the buffer the general path leaves."""
+    for kw in ({"n_step": 3}, {}):
+        fast = PrioritizedReplayBuffer(16, WINDOW_FIELDS, seed=1, **kw)
+        slow = PrioritizedReplayBuffer(16, WINDOW_FIELDS, seed=1, **kw)
+        slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
+        if not kw:
+            _general(slow)
+        other = PrioritizedReplayBuffer(16, WINDOW_FIELDS, seed=5, **kw)
+        for t in range(50):
+            row = {"obs": np.full(2, t, np.float32), "action": t, "reward": 0.25 * t,
+                   "next_obs": np.full(2, t + 1, np.float32), "terminated": t % 9 == 8,
+                   "truncated": False}  # fmt: skip
+            np.testing.assert_array_equal(fast.add(row), slow.add(row))
+            other.add(row)
+            if t == 12:
+                np.testing.assert_array_equal(fast.invalidate([0, 3]), slow.invalidate([0, 3]))
+            if t == 30:
+                before = fast._storage
+                for buf in (fast, slow):
+                    buf.load_state_dict(other.state_dict())
+                assert fast._storage is not before or not kw
+        _same_bits(fast.state_dict(), slow.state_dict(), str(kw))
+
+
+def test_env_ids_with_n_envs_are_refused_on_every_path() -> None:
+    buf = PrioritizedReplayBuffer(16, WINDOW_FIELDS, n_step=2, n_envs=2, seed=0)
+    row = {"obs": np.zeros((2, 2), np.float32), "action": np.zeros(2, np.int64),
+           "reward": np.ones(2, np.float32), "next_obs": np.zeros((2, 2), np.float32),
+           "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool)}  # fmt: skip
+    for _ in range(4):
+        buf.add(row)  # in lockstep: the one-call step is taken
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="env_ids"):
+        buf.add(row, env_ids=np.array([0, 1]))
+    _same_bits(buf.state_dict(), before, "refused")
+
+
+def test_rows_a_front_end_built_are_stored_only_where_they_fit_before_the_ring_end() -> None:
+    """``_add_exact`` (the SB3 drop-in's add) stores rows that fit before the
+    ring's end and declines the rest, changing nothing: the general path wraps."""
+    fields = {"obs": ((3,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+              "done": ((), np.float32)}  # fmt: skip
+    buf = PrioritizedReplayBuffer(10, fields, seed=0)
+    names = tuple(fields)
+    for t in range(3):
+        values = [np.full((3, 3), t, np.float32), np.full(3, t), np.full(3, 0.5, np.float32),
+                  np.zeros(3, bool)]  # fmt: skip
+        assert buf._add_exact(values, 3, values[2], names)
+    before = buf.state_dict()
+    assert not buf._add_exact(values, 3, values[2], names)  # slots 9, 0, 1: it would wrap
+    _same_state(buf.state_dict(), before)
+    assert buf._add_exact([values[0][0], 1, 0.5, True], -1, 0.5, names)  # one row fits
+    assert not buf._add_exact([values[0][0], 1, float("nan"), True], -1, float("nan"), names)
+    assert not buf._add_exact(values, 3, values[2], names[::-1])  # another field order
+    assert len(buf) == 10 and buf.storage.columns["done"][9] == 1.0
+
+
+def test_a_save_in_progress_sees_every_row_the_sb3_drop_in_writes_over() -> None:
+    pytest.importorskip("stable_baselines3")
+    gym = pytest.importorskip("gymnasium")
+    from fastper.compat.sb3 import PrioritizedReplayBuffer as DropIn
+
+    buf = DropIn(8, gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(3),
+                 device="cpu", n_envs=2, seed=0)  # fmt: skip
+    core = buf._buffer
+    guard = _RecordingGuard()
+    obs = np.zeros((2, 3), np.float32)
+    expected: list[int] = []
+    for t in range(10):
+        if t == 3:
+            core._guards.append(guard)  # type: ignore[arg-type]
+        start = core._writer.cursor
+        buf.add(obs, obs, np.zeros((2, 1), np.int64), np.ones(2, np.float32), np.zeros(2, bool), [{}, {}])
+        if t >= 3:
+            expected += [(start + i) % core.capacity for i in range(2)]
+    core._guards.remove(guard)  # type: ignore[arg-type]
+    assert guard.told == expected

@@ -14,7 +14,7 @@ import pytest
 
 import fastper
 from fastper.nstep import NStepPlan, NStepWriter, autoreset_mode
-from fastper.storage import coerce_batch, make_fields
+from fastper.storage import DirectRows, Storage, coerce_batch, make_fields
 from tests.oracles import naive_nstep_streams
 
 FIELDS = make_fields(
@@ -422,21 +422,21 @@ def test_a_copied_writer_steps_its_own_windows(copy_of: str) -> None:
     ep = episode([1, 2, 3, 4, 5])
     for i in range(3):
         add(writer, row(ep, i))  # the window is complete from the third step on
+    # a writer in use: its own step made (the copy must not take it)
+    assert writer.step_function(DirectRows(writer.fields, 8), Storage(writer.output_fields, 8).direct_rows())
     twin = copy.deepcopy(writer) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(writer))
     before = writer.state_dict()
-    values = [row(ep, 3)[f] for f in FIELDS]
-    stored: list[list[Any]] = []
-
-    def store(rows: Any, out: list[Any], k: int) -> np.ndarray:
-        stored.append([np.array(v) for v in out])  # (copied: window values are views)
-        return np.arange(1)
-
-    assert twin.row_step(twin, values, None, True, store, None) is not None
+    storage = Storage(writer.output_fields, 8)
+    step = twin.step_function(DirectRows(twin.fields, 8), storage.direct_rows())
+    assert step is not None
+    assert step(twin, row(ep, 3), None, True, 5) == 1  # one transition, stored at slot 5
     assert state_equal(writer.state_dict(), before)  # the original is untouched
     plan = add(writer, row(ep, 3))  # the original, stepped by the general path
     assert state_equal(twin.state_dict(), writer.state_dict())
-    assert len(stored) == 1 and len(stored[0]) == len(plan.out) == 7
-    assert all(np.array_equal(a, plan.out[f][0]) for a, f in zip(stored[0], plan.out, strict=True))
+    assert len(plan.out) == 7 and plan.count == 1
+    for f, column in storage.columns.items():
+        assert np.array_equal(column[5], plan.out[f][0]), f
+        assert not np.delete(column, 5, axis=0).any(), f  # nothing else written
 
 
 def test_clear_drops_windows_but_keeps_streams_and_their_autoreset_state() -> None:

@@ -215,19 +215,24 @@ def plan_batch(
 
 
 @njit(cache=True, nogil=True)
-def lockstep(meta, k, n, w, term, trunc, rb, rwin, gpow, check, out):  # pragma: no cover - compiled
-    """Plan a vector step of ``k`` envs (stream row i = env i) in the steady state.
+def lockstep(meta, k, n, w, term, trunc, rb, rwin, gpow, check, out, disc_out, disc, start):  # pragma: no cover - compiled
+    """A vector step of ``k`` envs (stream row i = env i) in the steady state:
+    planned, its returns stored and its rewards committed to the windows.
 
     The steady state: every env at one pending length, no autoreset skip, no
     episode end in the step (``term``, ``trunc``: (k,) flags, any nonzero
     entry an end), and, with ``check``, every reward ``rb[i]`` finite. Then
-    either no window completes (returns 0: the length grows by one, within
-    the ring of ``w`` rows) or every env's does (returns 1, with the returns
-    in ``out``, summed as :func:`plan_batch` sums them: the same bits).
-    Returns -1 for anything else (the caller takes :func:`plan_batch`), with
-    the envs' clock and pending length: ``(code, clock, length)``.
-    ``rwin``: (S * w, 1) float64 pending rewards; ``gpow`` as in
-    :func:`plan_batch`. Reads only. O(k n).
+    either no window completes (code 0: the length grows by one, within the
+    ring of ``w`` rows) or every env's does (code 1: the returns, summed as
+    :func:`plan_batch` sums them, the same bits, go to ``out[start + i]``
+    and the discount ``disc`` to ``disc_out[start + i]``, i < k: columns of
+    the storage; the caller stores the other fields). Either way
+    the step's rewards go to the windows' ring row ``clock % w`` and every
+    env's clock (and, while the windows fill, pending length) moves on.
+    Code -1, changing nothing, for anything else (the caller takes
+    :func:`plan_batch`). Returns ``(code, clock, length)``: the envs' clock
+    and pending length before the step. ``rwin``: (S * w, 1) float64
+    pending rewards; ``gpow`` as in :func:`plan_batch`. O(k n).
     """
     length = meta[0, LENGTH]
     clock = meta[0, CLOCK]  # every env's: one step each per add
@@ -236,13 +241,22 @@ def lockstep(meta, k, n, w, term, trunc, rb, rwin, gpow, check, out):  # pragma:
             return -1, clock, length
         if check and not np.isfinite(rb[i]):
             return -1, clock, length
+    at = clock % w  # this step's ring row: the oldest pending step's when full
     if length + 1 < n:
-        return (0 if length + 1 <= w else -1), clock, length
-    at = clock % w  # the oldest pending step's ring row (the window is full)
+        if length + 1 > w:
+            return -1, clock, length
+        for i in range(k):
+            rwin[i * w + at, 0] = rb[i]
+            meta[i, CLOCK] = clock + 1
+            meta[i, LENGTH] = length + 1
+        return 0, clock, length
     for i in range(k):
         acc = 0.0
         for j in range(w):
             acc += gpow[j] * rwin[i * w + (at + j) % w, 0]
         acc += gpow[w] * rb[i]
-        out[i] = acc
+        out[start + i] = acc
+        disc_out[start + i] = disc
+        rwin[i * w + at, 0] = rb[i]
+        meta[i, CLOCK] = clock + 1
     return 1, clock, length

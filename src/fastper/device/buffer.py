@@ -946,8 +946,8 @@ class _DeviceBuffer(BufferCore):
         sampler = state["sampler"]
         pri = check_priority_array("priorities", sampler["priorities"], n)
         max_seen = check_real("max_priority_ever", buf_state["max_priority_ever"], minimum=1.0)
-        if n and float(pri.max()) > max_seen:
-            raise ValueError(f"max_priority_ever={max_seen!r} is below a stored priority")
+        if n:
+            self._check_stored_max(float(pri.max()), max_seen)
         step = check_int("step", buf_state["step"], minimum=0)
         alpha_v = check_real("alpha", sampler["alpha"], minimum=0.0)
         limit = priority_limit(self._index.max_value, alpha_v)
