@@ -240,8 +240,22 @@ def _row_lines(
     return lines
 
 
-#: the column dtypes the vector step's kernel stores returns into (discounts: the first)
+#: the kernels' window length for any longer one (as good as infinite: an int64)
+_N_LIMIT = 2**62
+
+#: the reward dtypes the vector step's kernel stores returns into
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _kernel_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether the n-step kernels compile for arrays of ``dtype`` (flags, rewards):
+    native numbers, not float16 or longdouble."""
+    return (
+        dtype.isnative
+        and dtype.kind in "biuf"
+        and dtype != np.float16
+        and (dtype.kind != "f" or dtype.itemsize <= 8)
+    )
 
 #: a vector step reads and writes its windows through views made ahead for every
 #: ring row, up to rings of this many rows (slices beyond)
@@ -413,10 +427,12 @@ class NStepWriter:
         rf = None if self.reward_key is None else self.fields[self.reward_key]
         self._reward_type: Any = None if rf is None else rf.dtype.type
         # the vector-step path (step_function): every env at one pending length
+        # (its kernel stores the returns into the reward field and reads the flags:
+        # float32 / float64 rewards, flags of dtypes it compiles for)
         self._lockstep_ok = (
             self.n_envs is not None and self.n_envs > 1 and self.n > 1 and self._scalar_reward
-            and rf is not None and rf.dtype.kind == "f" and self.autoreset is None
-            and all(scalar for _, scalar in self._flags)
+            and rf is not None and rf.dtype in _KERNEL_FLOATS and self.autoreset is None
+            and all(scalar and _kernel_dtype(self.fields[key].dtype) for key, scalar in self._flags)
         )  # fmt: skip
         # the end flags' input positions, two of them (-1: no such field)
         end_pos = (*self._flag_pos, -1, -1)
@@ -703,14 +719,16 @@ class NStepWriter:
         if nr:
             assert self.reward_key is not None
             rb = batch[self.reward_key].reshape(k, nr)
-            if rb.dtype == np.float16:  # (the kernel has no float16: widened, exactly)
+            if not _kernel_dtype(rb.dtype):
+                # (the kernel has no float16, longdouble or non-native types: widened
+                # into float64, which the windows hold anyway)
                 rb = rb.astype(np.float64)
             rout = np.empty((cap_out, nr), dtype=self._rdtype)
         else:
             rb, rout = np.zeros((k, 0)), np.empty((cap_out, 0))
         dout = np.empty(cap_out, dtype=np.float32)
         ibuf = np.empty(2 * cap_out + 6 * k, dtype=np.int64)
-        n, auto = min(self.n, 2**62), self.autoreset is not None  # 2**62: as good as infinite
+        n, auto = min(self.n, _N_LIMIT), self.autoreset is not None
         m, n_u, n_store, dropped, delta, longest, flags = _nk.plan_batch(
             rows, term, trunc, meta, n, self._w, w, auto, self._rwin, rb, gpow, ibuf, rout, dout
         )
@@ -808,7 +826,7 @@ class NStepWriter:
             k = self.n_envs
             meta, views = self._meta, w <= _VIEW_ROWS
             lock_constants = {
-                "N_ENVS": k, "N": self.n, "W": w, "META": meta, "RWIN": self._rwin,
+                "N_ENVS": k, "N": min(self.n, _N_LIMIT), "W": w, "META": meta, "RWIN": self._rwin,
                 "GPOW": self._gpow, "LOCKSTEP": _nk.lockstep, "F16": np.dtype(np.float16),
                 "NO_ENDS": _frozen(np.zeros(k, dtype=np.bool_)),
                 "DISC_F": float(self._disc_full[0]),
@@ -854,11 +872,6 @@ class NStepWriter:
             return cached[1]
         step = None
         lock_part = self._lock_part
-        if lock_part is not None and not (
-            rows.columns[self._reward_pos].dtype in _KERNEL_FLOATS
-            and rows.columns[-1].dtype == _KERNEL_FLOATS[0]
-        ):  # (a float16 reward field: the kernel stores neither it nor another layout)
-            lock_part = None
         if (self._row_part is not None or lock_part is not None) and tuple(
             rows.names
         ) == tuple(self.output_fields):

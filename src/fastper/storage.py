@@ -464,6 +464,10 @@ class DirectRows:
         """
         if not self.columns:
             raise TypeError("a matcher only: no columns to write")
+        if len(values) != len(self.columns):
+            raise ValueError(
+                f"one expression per column: {len(self.columns)} columns, got {len(values)}"
+            )
         skip = "(no store)"  # (a marker no expression holds)
         exprs = [skip if v is None else v for v in values]
         branches = _write_lines(len(self.columns), self._long_runs, exprs)

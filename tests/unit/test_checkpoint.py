@@ -1210,3 +1210,21 @@ def test_save_and_load_never_unpickle(tmp_path, monkeypatch):
         loaded = fastper.load(path)
         assert_same_state(_state(buf), _state(loaded))
         assert fastper.read_metadata(path, verify=True)["state"]["kind"] == buf.kind
+
+
+@pytest.mark.parametrize("max_priority", ["ever", 4.9])
+def test_a_state_with_a_priority_nothing_could_have_recorded_is_refused(max_priority):
+    """A stored priority above ``max_priority_ever`` and above the constant new
+    items get: an inconsistent (edited or corrupt) state, refused; the buffer
+    keeps its own."""
+    buf = fastper.PrioritizedReplayBuffer(12, CARTPOLE_FIELDS, max_priority=max_priority, clip=9.0, seed=3)
+    _history(buf)
+    state = copy.deepcopy(buf.state_dict())
+    bound = max(buf.max_priority_ever, 4.9 if max_priority == 4.9 else 0.0)
+    state["sampler"]["priorities"][3] = np.nextafter(bound, np.inf)
+    before = _state(buf)
+    with pytest.raises(ValueError, match="below a stored priority"):
+        buf.load_state_dict(state)
+    assert_same_state(before, _state(buf))
+    state["sampler"]["priorities"][3] = bound  # at the bound: a priority it could hold
+    buf.load_state_dict(state)

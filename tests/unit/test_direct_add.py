@@ -902,3 +902,63 @@ def test_a_save_in_progress_sees_every_row_the_sb3_drop_in_writes_over() -> None
             expected += [(start + i) % core.capacity for i in range(2)]
     core._guards.remove(guard)  # type: ignore[arg-type]
     assert guard.told == expected
+
+
+@pytest.mark.parametrize(
+    ("reward_dtype", "flag_dtype", "values"),
+    [(np.float16, np.bool_, np.int8), (np.float16, np.bool_, np.bool_),
+     (np.float32, np.longdouble, np.float32), (np.float32, ">f4", np.float32),
+     (">f4", np.bool_, ">f4"), (">f8", np.bool_, np.float32), (np.longdouble, np.bool_, np.float64)],
+)  # fmt: skip
+def test_vector_steps_of_fields_the_compiled_step_cannot_take(
+    reward_dtype: Any, flag_dtype: Any, values: Any
+) -> None:
+    """Reward fields the compiled vector step does not store into (float16,
+    longdouble, another byte order) and flag fields it does not read (longdouble,
+    another byte order): every add is stored, as the general path stores it."""
+    flag = np.dtype(flag_dtype)
+    fields = {"obs": ((2,), np.float32), "reward": ((), reward_dtype),
+              "next_obs": ((2,), np.float32), "done": ((), flag)}  # fmt: skip
+    for n_envs in (None, 4):
+        kw: dict[str, Any] = {"n_step": 3, "gamma": 0.9, "seed": 0,
+                              "nstep_keys": {"terminated": "done", "truncated": None}}  # fmt: skip
+        if n_envs is not None:
+            kw["n_envs"] = n_envs
+        fast, slow = PrioritizedReplayBuffer(32, fields, **kw), PrioritizedReplayBuffer(32, fields, **kw)
+        slow._add_window_row = lambda t, e, *more: None  # type: ignore[method-assign]
+        shape = () if n_envs is None else (n_envs,)
+        for t in range(12):
+            row = {"obs": np.full((*shape, 2), t, np.float32),
+                   "reward": np.array(np.full(shape, t % 5), dtype=values),
+                   "next_obs": np.full((*shape, 2), t + 1, np.float32),
+                   "done": np.full(shape, t == 7).astype(flag)}  # fmt: skip
+            np.testing.assert_array_equal(fast.add(row), slow.add(row))
+        assert len(fast) >= 8
+        for name in fields:  # (values compared: a longdouble's padding bytes are arbitrary)
+            np.testing.assert_array_equal(fast.storage.columns[name][: len(fast)],
+                                          slow.storage.columns[name][: len(slow)], err_msg=name)  # fmt: skip
+        _same_state(fast.state_dict()["nstep"], slow.state_dict()["nstep"])
+
+
+def test_an_n_step_window_longer_than_an_int64_in_vector_steps() -> None:
+    """An n beyond 2^63 (windows that never complete): vector steps wait in their
+    windows, as the general path has them wait."""
+    for n in (2**63, 2**70):
+        buf = PrioritizedReplayBuffer(16, WINDOW_FIELDS, n_step=n, n_envs=2, seed=0)
+        row = {"obs": np.zeros((2, 2), np.float32), "action": np.zeros(2, np.int64),
+               "reward": np.ones(2, np.float32), "next_obs": np.zeros((2, 2), np.float32),
+               "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool)}  # fmt: skip
+        for _ in range(5):
+            assert len(buf.add(row)) == 0
+        assert buf.n_pending == 10 and len(buf) == 0
+
+
+def test_store_lines_take_one_expression_per_column() -> None:
+    from fastper.storage import Storage
+
+    rows = Storage(WINDOW_FIELDS, 8).direct_rows()
+    with pytest.raises(ValueError, match="one expression per column"):
+        rows.store_lines(["v0"], 4)
+    lines, _ = rows.store_lines(["v0", None, "v2", None, "v4", "v5"], 4)
+    assert not any("COL1" in line or "COL3" in line for line in lines)
+    assert sum("COL" in line for line in lines) == 4
