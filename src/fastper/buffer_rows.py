@@ -241,7 +241,7 @@ class RowsMixin(SamplingMixin):
             n = 1 if k == -1 else k
             if start + n > self._capacity:
                 return False
-            if self._reward_check is not None and not (
+            if self._reward_check is not None and not (  # (_finite's first case inline)
                 math.isfinite(rewards) if type(rewards) is float else _finite(rewards)
             ):
                 return False  # the general path names the row

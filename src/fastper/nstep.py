@@ -257,6 +257,7 @@ def _kernel_dtype(dtype: np.dtype[Any]) -> bool:
         and (dtype.kind != "f" or dtype.itemsize <= 8)
     )
 
+
 #: a vector step reads and writes its windows through views made ahead for every
 #: ring row, up to rings of this many rows (slices beyond)
 _VIEW_ROWS = 64
@@ -416,7 +417,7 @@ class NStepWriter:
             self._reward_size = math.prod(rfield.shape)
             self._scalar_reward = rfield.shape == ()
             # the kernel writes returns in the field's dtype where numba can
-            f32_64 = rfield.dtype in (np.float32, np.float64)
+            f32_64 = rfield.dtype in _KERNEL_FLOATS
             self._rdtype = rfield.dtype if f32_64 else np.dtype(np.float64)
         # the one-row paths on matched values (step_function, prepare_row): positions in
         # the input's field order, and whether this writer's fields allow them
@@ -871,48 +872,33 @@ class NStepWriter:
         if cached is not None and cached[0] is rows:
             return cached[1]
         step = None
-        lock_part = self._lock_part
-        if (self._row_part is not None or lock_part is not None) and tuple(
+        if (self._row_part is not None or self._lock_part is not None) and tuple(
             rows.names
         ) == tuple(self.output_fields):
-            checks, constants = matcher.check_lines()
-            constants = dict(constants)
+            checks, constants = matcher.check_lines()  # (a dict of its own)
             lines = ["def step(S, transition, env_ids, check_reward, start):", *checks]
             count = len(self.fields)
             lines.append("    if rows == -1:")
+            constants.update(rows.store_constants())
             if self._row_part is not None:
                 row_views, row_constants = self._row_part
-                store: list[dict[str, Any]] = []
-
-                def store_one(out: Sequence[str | None]) -> list[str]:
-                    put, columns = rows.store_lines(out, -1)
-                    store.append(columns)
-                    return put
-
                 body = _row_lines(
                     count, self._win_pos, self._flag_pos, self._reward_pos, self._w,
-                    self.n_envs is None, row_views, store_one,
+                    self.n_envs is None, row_views, lambda out: rows.store_lines(out, -1),
                 )  # fmt: skip
                 lines += ["    " + line for line in body]
                 constants.update(row_constants)
-                constants.update(store[0])
             else:
                 lines.append("        return 0")
-            if lock_part is not None:
-                views, lock_constants = lock_part
-                stored: list[dict[str, Any]] = []
-
-                def store_rows(out: Sequence[str | None]) -> list[str]:
-                    assert self.n_envs is not None
-                    put, columns = rows.store_lines(out, self.n_envs)
-                    stored.append(columns)
-                    return put
-
+            if self._lock_part is not None:
+                views, lock_constants = self._lock_part
+                k = self.n_envs
+                assert k is not None
                 lines += _lockstep_lines(
-                    count, self._win_pos, self._end_pos, self._reward_pos, views, store_rows
-                )
+                    count, self._win_pos, self._end_pos, self._reward_pos, views,
+                    lambda out: rows.store_lines(out, k),
+                )  # fmt: skip
                 constants.update(lock_constants)
-                constants.update(stored[0])
                 # (the kernel stores the returns and the discounts into their columns)
                 constants["RET_OUT"] = rows.columns[self._reward_pos]
                 constants["DISC_OUT"] = rows.columns[count]

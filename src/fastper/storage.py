@@ -447,14 +447,16 @@ class DirectRows:
         in ``rows``; where :meth:`match` would answer ``None`` they return 0.
         """
         return _check_lines(self.entries, "0"), {
-            k: v for k, v in self._constants.items() if not k.startswith(("COL", "BY_ONE", "PUT"))
+            k: v for k, v in self._constants.items() if not k.startswith(_STORE_NAMES)
         }
 
-    def store_lines(
-        self, values: Sequence[str | None], k: int
-    ) -> tuple[list[str], dict[str, Any]]:
-        """:meth:`write`'s stores as source lines for a function specialised elsewhere,
-        with the constants they read (the columns).
+    def store_constants(self) -> dict[str, Any]:
+        """The constants the lines of :meth:`store_lines` read (the columns)."""
+        return {k: v for k, v in self._constants.items() if k.startswith(_STORE_NAMES)}
+
+    def store_lines(self, values: Sequence[str | None], k: int) -> list[str]:
+        """:meth:`write`'s stores as source lines for a function specialised elsewhere
+        (which reads :meth:`store_constants`).
 
         ``values``: an expression per column, in :attr:`names` order (None: a
         column the function stores otherwise, no line for it); stored from
@@ -488,9 +490,7 @@ class DirectRows:
                 break
             if skip not in line:
                 lines.append(line[4:].replace("start + k", f"start + {k}"))
-        return lines, {
-            k: v for k, v in self._constants.items() if k.startswith(("COL", "BY_ONE", "PUT"))
-        }
+        return lines
 
     def putter(self, reward: str | None) -> Callable[[dict[str, Any], int], int]:
         """``put(transition, start)``: :meth:`match` and :meth:`write` in one call, for
@@ -557,6 +557,10 @@ def check_record_bytes(record_bytes: Any, capacity: int) -> None:
             f"a storage's `record_bytes` must hold capacity * row_bytes = {capacity} * "
             f"{row_bytes} bytes (its records), got {rows.shape[0]}"
         )
+
+
+#: the names of the columns' constants in :meth:`DirectRows.write`'s source
+_STORE_NAMES = ("COL", "BY_ONE", "PUT")
 
 
 def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:

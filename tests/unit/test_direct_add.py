@@ -959,6 +959,6 @@ def test_store_lines_take_one_expression_per_column() -> None:
     rows = Storage(WINDOW_FIELDS, 8).direct_rows()
     with pytest.raises(ValueError, match="one expression per column"):
         rows.store_lines(["v0"], 4)
-    lines, _ = rows.store_lines(["v0", None, "v2", None, "v4", "v5"], 4)
+    lines = rows.store_lines(["v0", None, "v2", None, "v4", "v5"], 4)
     assert not any("COL1" in line or "COL3" in line for line in lines)
     assert sum("COL" in line for line in lines) == 4
