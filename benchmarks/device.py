@@ -55,9 +55,14 @@ each one is at least one kernel launch; the numba and numpy variants dispatch
 few or none. (``tests/device/op_count.py`` applies the same rule.)
 
 Syncs (cuda only): after the timing, 20 steps of each device variant run
-under ``torch.cuda.set_sync_debug_mode("warn")``; the synchronising-operation
-warnings recorded (``warnings.catch_warnings``) / 20 is the syncs per step
-(the mode is restored afterwards). On the cpu device: "n/a (CPU device)".
+under ``torch.cuda.set_sync_debug_mode("warn")``; the warnings "called a
+synchronizing CUDA operation" recorded (``warnings.catch_warnings``) / 20 is the
+syncs per step (the mode's one-time notice that it is a prototype is not one;
+the mode is restored afterwards), and the log names the line of each. On the
+cpu device: "n/a (CPU device)".
+
+A variant that fails while warming up is left out of that batch size's timing
+and reported in the table with its error (the reference must run).
 
 ``--threads T [T ...]``: ``torch.set_num_threads`` for a section of the
 report each (the buffers are built once). Default: torch's own setting.
@@ -277,7 +282,9 @@ def fill_torchrl(setup: Setup, version: str) -> TorchrlVariant:
     for lo, k in setup.spans():
         part = TensorDict({name: t[:k] for name, t in rows.items()}, batch_size=[k], device=dev)
         index = rb.extend(part)
-        rb.update_priority(index, torch.from_numpy(setup.priorities[lo : lo + k]).to(dev))
+        # its trees are float32 and refuse float64 priorities
+        pri = torch.from_numpy(setup.priorities[lo : lo + k]).to(dev, torch.float32)
+        rb.update_priority(index, pri)
     return TorchrlVariant(rb, version)
 
 
@@ -377,7 +384,9 @@ def count_syncs(v: Variant, b: int, tds: list[Any]) -> float:
         finally:
             torch.cuda.set_sync_debug_mode(before)
     torch.cuda.synchronize()
-    syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+    syncs = [w for w in seen if "called a synchronizing" in str(w.message)]  # not its notice
+    for w in syncs:  # where each one came from, in the log
+        print(f"    sync in {v.key}: {w.filename}:{w.lineno}: {str(w.message)[:120]}", flush=True)
     return len(syncs) / SYNC_STEPS
 
 
@@ -417,16 +426,25 @@ class Result:
 
 
 def measure(
-    variants: list[Variant], b: int, repeats: int, block_s: float, device: torch.device
-) -> list[Result]:
+    variants: list[Variant], b: int, repeats: int, block_s: float, device: torch.device,
+    notes: dict[str, str],
+) -> list[Result]:  # fmt: skip
     pools = make_pools(device, b)
     plans: dict[str, tuple[dict[str, Callable[[int], None]], int]] = {}
-    for v in variants:
+    for v in list(variants):
         tds = pools.for_variant(v)
-        fns = blocks(v, b, tds)
-        for i in range(3):
-            fns["loop"](i)
-        per_step = _block(fns["loop"], 3, device)
+        try:
+            fns = blocks(v, b, tds)
+            for i in range(3):
+                fns["loop"](i)
+            per_step = _block(fns["loop"], 3, device)
+        except Exception as exc:  # reported in the table; the other variants go on
+            if v.key == REF:
+                raise
+            notes[v.key] = f"{v.label}: failed at B = {b}: {type(exc).__name__}: {exc}"[:300]
+            print(f"  {notes[v.key]}", flush=True)
+            variants = [w for w in variants if w is not v]
+            continue
         steps = int(min(2000, max(3, math.ceil(block_s / max(per_step, 1e-9)))))
         plans[v.key] = (fns, steps)
     times: dict[str, dict[str, list[float]]] = {
@@ -538,8 +556,9 @@ def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str
             f"| {r.label} | {r.us['loop']:,.0f} | {ratio} | {r.us['sample']:,.0f} "
             f"| {r.us['update']:,.0f} | {_syncs_cell(r, device)} | {r.ops} | {r.steps} |"
         )
-    if "torchrl" in notes:
-        lines.append(f"| TorchRL | {notes['torchrl']} | - | - | - | - | - | - |")
+    for key, note in notes.items():
+        name = "TorchRL" if key == "torchrl" else key
+        lines.append(f"| {name} | {note} | - | - | - | - | - | - |")
     return lines
 
 
@@ -562,6 +581,14 @@ def targets(sections: list[Section], device: torch.device, capacity: int) -> lis
                 gpu + f"{r.us['loop']:,.0f} us, {r.syncs:g} syncs / step "
                 f"(threads {s.threads}): **{'PASS' if ok else 'FAIL'}**."
             )
+            graphed = [g for g in s.results if g.key == "graphed"]
+            for g in graphed:  # the same step replayed from CUDA graphs
+                ok = g.us["loop"] < GPU_TARGET_US and g.syncs == 0
+                out.append(
+                    "- GPU, the same target through `graphed_step(4096)` (validate=True): "
+                    f"{g.us['loop']:,.0f} us, {g.syncs:g} syncs / step (threads {s.threads}): "
+                    f"**{'PASS' if ok else 'FAIL'}**."
+                )
     fields = len(FIELDS)
     for batch in dict.fromkeys(s.batch for s in sections):  # once per batch size
         ops = [
@@ -664,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(t)
         for b in args.batch:
             print(f"  B = {b}, torch threads {t}", flush=True)
-            results = measure(variants, b, args.repeats, args.block_s, args.device)
+            results = measure(variants, b, args.repeats, args.block_s, args.device, notes)
             sections.append(Section(b, t, results))
     del variants
     gc.collect()

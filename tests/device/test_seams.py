@@ -250,6 +250,34 @@ def test_defect_narrowing_cast_is_refused_as_on_the_cpu(backend, field, given):
     assert len(fast) == 1
 
 
+def test_defect_cuda_without_an_index_is_the_current_gpu(monkeypatch):
+    """``device="cuda"`` resolves to the GPU torch puts tensors on (``cuda:N``):
+    the buffer's own tensors then compare equal to its device (an unresolved
+    "cuda" refused its own index's leaves on a GPU)."""
+    from fastper.device._torch import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert check_device("cuda") == torch.device("cuda:1")
+    assert check_device(torch.device("cuda")) == torch.device("cuda:1")
+    assert check_device("cuda:0") == torch.device("cuda:0")  # an index given stays
+    with pytest.raises(ValueError, match="one of the 2 CUDA device"):
+        check_device("cuda:2")
+
+
+def test_defect_a_buffer_on_cpu_0_is_on_the_cpu():
+    """``"cpu:0"`` names the CPU device; it was refused by the buffer's own index."""
+    from fastper.device._torch import check_device
+
+    assert check_device("cpu:0") == torch.device("cpu")
+    for backend in BACKENDS:
+        buf = fd.DevicePrioritizedReplayBuffer(8, FIELDS, device="cpu:0", seed=0, backend=backend)
+        buf.add(rows(3))
+        assert buf.device == torch.device("cpu")
+        assert buf.sample(4).indices.device == torch.device("cpu")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_defect_cuda_device_without_cuda_is_a_fastper_error(tmp_path):
     want = r"`device` must be a device available.*device='cuda'.*CUDA is not available.*'cpu'"
@@ -401,3 +429,53 @@ def test_defect_device_modules_reach_into_no_private_names():
                 continue
             found.append(use)
     assert found == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_cuda_buffer_draws_what_the_cpu_device_draws(validate):
+    """Fed the same uniforms and order, a buffer on a GPU picks the same slots, keys and
+    rows as one on the CPU device (which equals the CPU buffers, tests/unit/test_parity.py),
+    step after step with updates in between. Probabilities and masses agree to a few
+    ulps, not bit for bit: ``p ** alpha`` is CUDA's pow there, the C library's on the
+    CPU, and a GPU sums a block's 64 masses in its own order."""
+    n, b = 1 << 14, 256
+    rng = np.random.default_rng(3)
+    rows_ = {"obs": rng.standard_normal((n, 3)).astype(np.float32),
+             "id": np.arange(n, dtype=np.int64)}  # fmt: skip
+    pri = np.abs(rng.standard_normal(n)) + 0.01
+    bufs = {}
+    for dev in ("cpu", "cuda"):
+        buf = fd.DevicePrioritizedReplayBuffer(
+            n, FIELDS, device=dev, alpha=0.6, beta=0.4, seed=0, backend="torch",
+            validate=validate,
+        )  # fmt: skip
+        buf.add({k: torch.from_numpy(v).to(dev) for k, v in rows_.items()}, priorities=pri)
+        bufs[dev] = buf
+    gen = torch.Generator().manual_seed(5)
+    for step in range(30):
+        u = torch.rand(b, generator=gen, dtype=torch.float64)
+        perm = torch.randperm(b, generator=gen)
+        got = {}
+        for dev, buf in bufs.items():
+            drawn = (u.to(dev), perm.to(dev))
+            buf._draws = lambda _b, drawn=drawn: drawn
+            got[dev] = buf.sample(b)
+        c, g = got["cpu"], got["cuda"]
+        assert torch.equal(c.indices, g.indices.cpu()), step
+        assert torch.equal(c.keys, g.keys.cpu()), step
+        assert torch.equal(c.data["id"], g.data["id"].cpu()), step
+        torch.testing.assert_close(g.probabilities.cpu(), c.probabilities, rtol=1e-14, atol=0)
+        torch.testing.assert_close(g.weights.cpu(), c.weights, rtol=3e-7, atol=0)
+        td = torch.rand(b, generator=gen, dtype=torch.float64) * 3
+        td[::7] = td[0]  # equal priorities: ties between the two devices too
+        for dev, buf in bufs.items():
+            s = got[dev]
+            buf.update_priorities(s.indices, td.to(dev), keys=s.keys)
+    snaps = {dev: buf._index.snapshot(n) for dev, buf in bufs.items()}
+    for name in ("raw", "keys"):
+        np.testing.assert_array_equal(snaps["cuda"][name], snaps["cpu"][name], err_msg=name)
+    np.testing.assert_allclose(snaps["cuda"]["mass"], snaps["cpu"]["mass"], rtol=1e-15, atol=0)
+    np.testing.assert_allclose(snaps["cuda"]["blocks"], snaps["cpu"]["blocks"], rtol=1e-13, atol=0)
+    for buf in bufs.values():
+        buf.check()

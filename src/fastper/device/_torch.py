@@ -18,8 +18,9 @@ __all__ = ["check_device", "torch"]
 
 def check_device(device: Any) -> torch.device:
     """``device`` as a :class:`torch.device` this machine can use, or a ValueError
-    that names it, says why not and what to pass instead. O(1) (a non-CPU,
-    non-CUDA device is probed with an empty tensor).
+    that names it, says why not and what to pass instead. ``"cuda"`` comes back
+    with the current GPU's index (``cuda:0``) and ``"cpu:0"`` as ``cpu``: the
+    device torch puts its tensors on, so they compare equal to it. O(1) (a non-CPU, non-CUDA device is probed with an empty tensor).
 
     Raises:
         ValueError: not a device name, CUDA asked for where it is not available
@@ -33,7 +34,7 @@ def check_device(device: Any) -> torch.device:
             f"`device` must name a torch device (e.g. 'cpu' or 'cuda'), got device={device!r}"
         ) from exc
     if dev.type == "cpu":
-        return dev
+        return torch.device("cpu")  # "cpu:0" too: torch's CPU tensors carry no index
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = (
@@ -52,7 +53,9 @@ def check_device(device: Any) -> torch.device:
                 f"`device` must be one of the {count} CUDA device(s) of this machine "
                 f"('cuda:0' .. 'cuda:{count - 1}'), got device={device!r}"
             )
-        return dev
+        # "cuda" names the current GPU: resolved to it, so that the tensors the
+        # buffer makes (on "cuda:0", say) compare equal to the buffer's device
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
     try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError, NotImplementedError) as exc:
