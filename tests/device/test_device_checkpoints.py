@@ -64,12 +64,12 @@ def _contents(buf) -> dict:
         "beta": buf.beta,
         "max_priority_ever": buf.max_priority_ever,
         "stale_updates": buf.stale_updates,
-        "priorities": buf.priorities(every).numpy().copy(),
-        "keys": buf.keys(every).numpy().copy(),
+        "priorities": buf.priorities(every).cpu().numpy().copy(),
+        "keys": buf.keys(every).cpu().numpy().copy(),
         "settings": buf.state_dict()["settings"],
     }
     for name, col in buf.storage.columns.items():
-        out[f"rows/{name}"] = col[:n].numpy().copy()
+        out[f"rows/{name}"] = col[:n].cpu().numpy().copy()
     return out
 
 
@@ -422,6 +422,26 @@ def test_checkpoints_never_use_pickle(backend, tmp_path, monkeypatch):
     assert header["state"]["kind"] == "proportional"
     loaded = fd.load(path, backend=backend)
     _assert_contents_equal(_contents(loaded), _contents(buf))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_a_gpu_buffer_loads_on_the_gpu_and_on_the_cpu(device, tmp_path) -> None:
+    """Saved on a GPU: loaded there, the same contents and the generator goes on (the
+    next batch is the one the saved buffer draws); loaded on the CPU, the same contents."""
+    buf = make("torch", device=device)
+    _fill(buf)
+    path = tmp_path / "gpu.fpk"
+    buf.save(path)
+    want = _contents(buf)
+    again = fd.load(path, device=device)
+    assert again.device == buf.device == torch.device("cuda", torch.cuda.current_device())
+    _assert_contents_equal(_contents(again), want)
+    _assert_same_batch(again.sample(8), buf.sample(8))
+    for backend in BACKENDS:
+        on_cpu = fd.load(path, device="cpu", backend=backend)
+        assert on_cpu.device == torch.device("cpu")
+        _assert_contents_equal(_contents(on_cpu), want)
 
 
 def test_a_state_from_another_kind_of_device_loads_with_a_seeded_generator() -> None:
