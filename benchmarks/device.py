@@ -427,7 +427,7 @@ class Result:
 
 def measure(
     variants: list[Variant], b: int, repeats: int, block_s: float, device: torch.device,
-    notes: dict[str, str],
+    failed: dict[str, str],
 ) -> list[Result]:  # fmt: skip
     pools = make_pools(device, b)
     plans: dict[str, tuple[dict[str, Callable[[int], None]], int]] = {}
@@ -441,8 +441,8 @@ def measure(
         except Exception as exc:  # reported in the table; the other variants go on
             if v.key == REF:
                 raise
-            notes[v.key] = f"{v.label}: failed at B = {b}: {type(exc).__name__}: {exc}"[:300]
-            print(f"  {notes[v.key]}", flush=True)
+            failed[v.label] = f"failed at B = {b}: {type(exc).__name__}: {exc}"[:300]
+            print(f"  {v.label}: {failed[v.label]}", flush=True)
             variants = [w for w in variants if w is not v]
             continue
         steps = int(min(2000, max(3, math.ceil(block_s / max(per_step, 1e-9)))))
@@ -530,6 +530,7 @@ class Section:
     batch: int
     threads: int
     results: list[Result]
+    failed: dict[str, str] = field(default_factory=dict)  # variant label -> its error
 
 
 def _syncs_cell(r: Result, device: torch.device) -> str:
@@ -556,45 +557,44 @@ def table(sec: Section, device: torch.device, notes: dict[str, str]) -> list[str
             f"| {r.label} | {r.us['loop']:,.0f} | {ratio} | {r.us['sample']:,.0f} "
             f"| {r.us['update']:,.0f} | {_syncs_cell(r, device)} | {r.ops} | {r.steps} |"
         )
-    for key, note in notes.items():
-        name = "TorchRL" if key == "torchrl" else key
-        lines.append(f"| {name} | {note} | - | - | - | - | - | - |")
+    if "torchrl" in notes:
+        lines.append(f"| TorchRL | {notes['torchrl']} | - | - | - | - | - | - |")
+    for label, why in sec.failed.items():
+        lines.append(f"| {label} | {why} | - | - | - | - | - | - |")
     return lines
 
 
 def targets(sections: list[Section], device: torch.device, capacity: int) -> list[str]:
     out = ["## Targets", ""]
-    gpu = "- GPU: sample + update of 4096 at 2^24 in < 1 ms, zero syncs (backend=torch, validate=False): "
+    gpu = "- GPU: sample + update of 4096 at 2^24 in < 1 ms, zero syncs"
+    at_target = [s for s in sections if s.batch == GPU_TARGET_B]
     if device.type != "cuda":
-        out.append(gpu + "not evaluated (needs a cuda device).")
-    else:
-        hits = [
-            (s, r) for s in sections if s.batch == GPU_TARGET_B
-            for r in s.results if r.key == "torch_nv"
-        ]  # fmt: skip
-        if capacity != GPU_TARGET_N or not hits:
-            out.append(gpu + f"not evaluated (this run: N = {_log2(capacity)}, B = "
-                       f"{[s.batch for s in sections]}; needs N = 2^24, B = 4096).")  # fmt: skip
-        for s, r in hits if capacity == GPU_TARGET_N else []:
+        out.append(gpu + " (backend=torch): not evaluated (needs a cuda device).")
+    elif capacity != GPU_TARGET_N or not at_target:
+        out.append(gpu + f" (backend=torch): not evaluated (this run: N = {_log2(capacity)}, "
+                   f"B = {[s.batch for s in sections]}; needs N = 2^24, B = 4096).")  # fmt: skip
+    for s in at_target if device.type == "cuda" and capacity == GPU_TARGET_N else []:
+        for key, what in (("torch_nv", "backend=torch, validate=False, eager"),
+                          ("graphed", "`graphed_step(4096)`, validate=True")):  # fmt: skip
+            r = next((r for r in s.results if r.key == key), None)
+            head = f"{gpu} ({what}): "
+            if r is None:
+                out.append(head + "not measured (the variant failed: see the table).")
+                continue
             ok = r.us["loop"] < GPU_TARGET_US and r.syncs == 0
             out.append(
-                gpu + f"{r.us['loop']:,.0f} us, {r.syncs:g} syncs / step "
+                head + f"{r.us['loop']:,.0f} us, {r.syncs:g} syncs / step "
                 f"(threads {s.threads}): **{'PASS' if ok else 'FAIL'}**."
             )
-            graphed = [g for g in s.results if g.key == "graphed"]
-            for g in graphed:  # the same step replayed from CUDA graphs
-                ok = g.us["loop"] < GPU_TARGET_US and g.syncs == 0
-                out.append(
-                    "- GPU, the same target through `graphed_step(4096)` (validate=True): "
-                    f"{g.us['loop']:,.0f} us, {g.syncs:g} syncs / step (threads {s.threads}): "
-                    f"**{'PASS' if ok else 'FAIL'}**."
-                )
     fields = len(FIELDS)
     for batch in dict.fromkeys(s.batch for s in sections):  # once per batch size
         ops = [
             r.ops for s in sections if s.batch == batch for r in s.results
             if r.key in ("torch_nv", "torch_v")
         ]  # fmt: skip
+        if not ops:
+            out.append(f"- torch back end, B = {batch}: not measured (its variants failed).")
+            continue
         out.append(
             f"- torch back end, B = {batch}: {max(ops)} torch operations per step (sample + "
             f"update, {fields} fields gathered at once), the same at any capacity; 2 more while "
@@ -691,8 +691,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(t)
         for b in args.batch:
             print(f"  B = {b}, torch threads {t}", flush=True)
-            results = measure(variants, b, args.repeats, args.block_s, args.device, notes)
-            sections.append(Section(b, t, results))
+            failed: dict[str, str] = {}
+            results = measure(variants, b, args.repeats, args.block_s, args.device, failed)
+            sections.append(Section(b, t, results, failed))
     del variants
     gc.collect()
     text = report(sections, args, notes, command, time.perf_counter() - t_start, load_before)

@@ -266,7 +266,7 @@ def test_defect_cuda_without_an_index_is_the_current_gpu(monkeypatch):
         check_device("cuda:2")
 
 
-def test_defect_a_buffer_on_cpu_0_is_on_the_cpu():
+def test_defect_a_buffer_on_cpu_0_is_on_the_cpu(tmp_path):
     """``"cpu:0"`` names the CPU device; it was refused by the buffer's own index."""
     from fastper.device._torch import check_device
 
@@ -276,6 +276,17 @@ def test_defect_a_buffer_on_cpu_0_is_on_the_cpu():
         buf.add(rows(3))
         assert buf.device == torch.device("cpu")
         assert buf.sample(4).indices.device == torch.device("cpu")
+        again = fd.DevicePrioritizedReplayBuffer.from_state_dict(
+            buf.state_dict(), device="cpu:0", backend=backend
+        )
+        assert again.device == torch.device("cpu") and len(again) == 3
+        buf.save(tmp_path / f"{backend}.fpk")
+        loaded = fd.load(tmp_path / f"{backend}.fpk", device="cpu:0", backend=backend)
+        assert loaded.device == torch.device("cpu") and len(loaded) == 3
+    size = (fd.DeviceSumTree(8).num_blocks + 1) * 64  # its leaves, the spare block's too
+    leaves = torch.zeros(size, dtype=torch.float64)
+    tree = fd.DeviceSumTree(8, device="cpu:0", leaves=leaves)  # refused them before
+    assert tree.device == torch.device("cpu") and tree.leaves is leaves
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")

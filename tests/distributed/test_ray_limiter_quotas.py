@@ -441,13 +441,15 @@ def test_on_ray_the_learner_calls_the_limiter_rarely_and_routers_share(ray_clust
                 actors[1].run.remote(routers[1], n_batches, k, 0.002)]  # fmt: skip
         steps = waits = stats_calls = 0
         first_done: dict[str, Any] | None = None
+        other_running = False  # was the other actor still running when first_done was read?
         t0 = time.monotonic()
         while True:
             done, _ = ray.wait(runs, num_returns=2, timeout=0)
             # the first poll that finds an actor through: how far is the other? (on a
-            # loaded machine both can finish between two polls: then both are through)
+            # loaded machine both can finish between two polls: nothing to compare then)
             if done and first_done is None:
                 first_done = rb.stats()["routers"]
+                other_running = len(done) == 1
                 stats_calls += 1
             if len(done) == 2:
                 break
@@ -475,8 +477,9 @@ def test_on_ray_the_learner_calls_the_limiter_rarely_and_routers_share(ray_clust
         rows = st["routers"]
         assert rows[repr("fast")]["waits"] + rows[repr("slow")]["waits"] > 0
         assert first_done is not None
-        got = sorted(first_done[repr(n)]["admitted"] for n in ("fast", "slow"))
-        assert got[0] >= 0.5 * got[1], first_done
+        if other_running:  # the slower actor had its share while the other finished
+            got = sorted(first_done[repr(n)]["admitted"] for n in ("fast", "slow"))
+            assert got[0] >= 0.5 * got[1], first_done
     finally:
         for a in actors:
             ray.kill(a)

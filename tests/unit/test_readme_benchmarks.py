@@ -2,7 +2,8 @@
 
 docs/benchmarks.md shows the peer tables (between the peers markers) and the
 workloads tables; the README's comparison table shows speed ratios and times
-taken from the same run. Each is checked against benchmarks/results/.
+taken from the same run; the GPU guide's table shows the committed GPU run.
+Each is checked against benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -112,3 +113,37 @@ def test_benchmarks_page_workloads_tables_are_the_committed_run() -> None:
     shown = {line.split("|")[1:6].__repr__() for line in page.splitlines() if line.startswith("| ")}
     missing = [row for row in rows if row.split("|")[1:6].__repr__() not in shown]
     assert not missing, missing
+
+
+def _device_tables(path: Path) -> dict[int, dict[str, list[str]]]:
+    """benchmarks/results/device*.md: per batch size, each variant's cells."""
+    tables: dict[int, dict[str, list[str]]] = {}
+    batch = 0
+    for line in path.read_text().splitlines():
+        if m := re.match(r"## B = (\d+),", line):
+            batch = int(m.group(1))
+            tables[batch] = {}
+        elif batch and line.startswith("| ") and not line.startswith("| variant"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            tables[batch][cells[0]] = cells[1:]
+    return tables
+
+
+def test_gpu_guide_figures_are_the_committed_gpu_run() -> None:
+    runs = _device_tables(ROOT / "benchmarks" / "results" / "device_cuda.md")
+    guide = (ROOT / "docs" / "guides" / "gpu.md").read_text()
+    rows = [line for line in guide.splitlines() if re.match(r"\| (256|4096) \|", line)]
+    assert len(rows) == 2
+    for line in rows:
+        batch, graphed, eager, torchrl, cpu = [c.strip() for c in line.strip("|").split("|")]
+        run = runs[int(batch)]
+
+        def loop(label: str, run: dict[str, list[str]] = run) -> str:
+            return run[label][0] + " us"
+
+        device = "fastper.device, backend=torch, validate="
+        assert graphed == loop(device + "True, graphed_step")
+        assert eager == f"{loop(device + 'True')[:-3]} / {loop(device + 'False')}"
+        (trl,) = [v for k, v in run.items() if k.startswith("TorchRL")]
+        assert torchrl == f"{trl[0]} us, {trl[4]} syncs"
+        assert cpu == loop("fastper CPU buffer, numpy (reference)")

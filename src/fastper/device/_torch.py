@@ -18,9 +18,10 @@ __all__ = ["check_device", "torch"]
 
 def check_device(device: Any) -> torch.device:
     """``device`` as a :class:`torch.device` this machine can use, or a ValueError
-    that names it, says why not and what to pass instead. ``"cuda"`` comes back
-    with the current GPU's index (``cuda:0``) and ``"cpu:0"`` as ``cpu``: the
-    device torch puts its tensors on, so they compare equal to it. O(1) (a non-CPU, non-CUDA device is probed with an empty tensor).
+    that names it, says why not and what to pass instead. The device comes back
+    as torch puts tensors on it, so that they compare equal to it: ``"cuda"``
+    with the current GPU's index (``cuda:0``), ``"cpu:0"`` as ``cpu``. O(1) (a
+    non-CPU, non-CUDA device is probed with an empty tensor).
 
     Raises:
         ValueError: not a device name, CUDA asked for where it is not available
@@ -57,11 +58,11 @@ def check_device(device: Any) -> torch.device:
         # buffer makes (on "cuda:0", say) compare equal to the buffer's device
         return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
     try:
-        torch.empty(0, device=dev)
+        probe = torch.empty(0, device=dev)
     except (RuntimeError, AssertionError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
             f"`device` must be a device available on this machine, got device={device!r}: "
             f"torch cannot allocate on it ({first}); pass device='cpu'"
         ) from None
-    return dev
+    return probe.device  # where torch puts that device's tensors (its index resolved)

@@ -180,8 +180,6 @@ class TorchStorage:
         self._rows_staging: torch.Tensor | None = None
         self._copied: Any = None  # CUDA event: the last staged copy has left the staging
         self._staged_now = False  # (the write in progress has waited for the staging)
-        #: the device the columns were made on ("cuda" resolved to its index)
-        self._held_on = next(iter(self.columns.values())).device
 
     def _make_columns(
         self, layout: tuple[tuple[tuple[str, int, int], ...], int] | None
@@ -339,7 +337,7 @@ class TorchStorage:
                 # where the copies run
                 if self._copied is None:
                     self._copied = torch.cuda.Event()
-                self._copied.record(torch.cuda.current_stream(self._held_on))
+                self._copied.record(torch.cuda.current_stream(self.device))
 
     def _write(self, start: int, prepared: Mapping[str, Any], k: int) -> None:
         first = min(k, self.capacity - start)
