@@ -470,27 +470,11 @@ class DirectRows:
             raise ValueError(
                 f"one expression per column: {len(self.columns)} columns, got {len(values)}"
             )
-        skip = "(no store)"  # (a marker no expression holds)
-        exprs = [skip if v is None else v for v in values]
-        branches = _write_lines(len(self.columns), self._long_runs, exprs)
-        # the branch write takes for k, without its tests: the lines under it
-        if k == -1:
-            at = branches.index("    if k == -1:")
-        elif k == 1:
-            at = branches.index(next(b for b in branches if b.startswith("    elif k == 1:")))
-        elif k < _ITEM_ROWS or not any(self._long_runs):
-            at = branches.index(
-                "    else:" if not any(self._long_runs) else f"    elif k < {_ITEM_ROWS}:"
-            )
-        else:
-            at = branches.index(next(b for b in branches if b.startswith("    else:  # a long")))
-        lines = []
-        for line in branches[at + 1 :]:
-            if not line.startswith("        "):
-                break
-            if skip not in line:
-                lines.append(line[4:].replace("start + k", f"start + {k}"))
-        return lines
+        kind: int | str = k  # the branch write takes for k
+        if k not in (-1, 1):
+            kind = "long" if k >= _ITEM_ROWS and any(self._long_runs) else "run"
+        body = _store_body(len(self.columns), self._long_runs, values, kind, str(k))
+        return ["    " + line for line in body]
 
     def putter(self, reward: str | None) -> Callable[[dict[str, Any], int], int]:
         """``put(transition, start)``: :meth:`match` and :meth:`write` in one call, for
@@ -707,31 +691,45 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_lines(
-    count: int, long_runs: tuple[bool, ...], values: list[str] | None = None
-) -> list[str]:
-    """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` (or the
-    expressions ``values``, one per column) of count ``k`` (-1: one transition)
-    into the columns from slot ``start``."""
-    v = values if values is not None else [f"v{i}" for i in range(count)]
-    lines = ["    if k == -1:"]
-    lines += [f"        COL{i}[start] = {v[i]}" for i in range(count)]
+def _write_lines(count: int, long_runs: tuple[bool, ...]) -> list[str]:
+    """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` of count ``k``
+    (-1: one transition) into the columns from slot ``start``, one branch per kind
+    of count (:func:`_store_body`)."""
+    v: list[str | None] = [f"v{i}" for i in range(count)]
+
+    def branch(kind: int | str) -> list[str]:
+        return ["        " + line for line in _store_body(count, long_runs, v, kind, "k")]
+
+    lines = ["    if k == -1:", *branch(-1)]
     lines.append(
         "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
     )
-    lines += [f"        BY_ONE{i}[start] = {v[i]}" for i in range(count)]
+    lines += branch(1)
     if not any(long_runs):
-        lines.append("    else:")
-        lines.append("        end = start + k")
-        lines += [f"        COL{i}[start:end] = {v[i]}" for i in range(count)]
-        return lines
-    lines.append(f"    elif k < {_ITEM_ROWS}:")
-    lines.append("        end = start + k")
-    lines += [f"        COL{i}[start:end] = {v[i]}" for i in range(count)]
-    lines.append("    else:  # a long run: the storage's own copy where it has one")
-    lines.append("        end = start + k")
-    lines += [f"        PUT{i}(start, {v[i]})" if long_runs[i] else f"        COL{i}[start:end] = {v[i]}"
-              for i in range(count)]  # fmt: skip
+        return [*lines, "    else:", *branch("run")]
+    lines += [f"    elif k < {_ITEM_ROWS}:", *branch("run")]
+    lines += ["    else:  # a long run: the storage's own copy where it has one", *branch("long")]
+    return lines
+
+
+def _store_body(
+    count: int, long_runs: tuple[bool, ...], values: Sequence[str | None], kind: int | str,
+    k: str,
+) -> list[str]:  # fmt: skip
+    """The stores of one branch of :attr:`DirectRows.write`, unindented: expression
+    ``values[i]`` into column ``i`` (None: no line) from slot ``start``. ``kind``:
+    -1 (one transition), 1 (a batch of one row), ``"run"`` (``k`` rows, slices) or
+    ``"long"`` (``k`` rows, through the columns' writers ``PUTi`` where
+    ``long_runs[i]``); ``k``: the count's expression."""
+    if kind == -1:
+        return [f"COL{i}[start] = {x}" for i, x in enumerate(values) if x is not None]
+    if kind == 1:
+        return [f"BY_ONE{i}[start] = {x}" for i, x in enumerate(values) if x is not None]
+    lines = [f"end = start + {k}"]
+    for i, x in enumerate(values):
+        if x is not None:
+            put = kind == "long" and long_runs[i]
+            lines.append(f"PUT{i}(start, {x})" if put else f"COL{i}[start:end] = {x}")
     return lines
 
 
