@@ -39,6 +39,7 @@ __all__ = ["RowsMixin"]
 #: stays O(RUN_LIMIT + log N)
 RUN_LIMIT = 1024
 _INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
 #: what :meth:`RowsMixin._store_direct` returns where its caller wants no slots
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _NO_SLOTS.setflags(write=False)
@@ -241,10 +242,20 @@ class RowsMixin(SamplingMixin):
             n = 1 if k == -1 else k
             if start + n > self._capacity:
                 return False
-            if self._reward_check is not None and not (  # (_finite's first case inline)
-                math.isfinite(rewards) if type(rewards) is float else _finite(rewards)
-            ):
-                return False  # the general path names the row
+            if self._reward_check is not None:  # (_finite's most frequent cases inline)
+                t = type(rewards)
+                if t is float:
+                    if not math.isfinite(rewards):
+                        return False  # the general path names the row
+                elif (
+                    t is np.ndarray and 1 < k <= 8 and rewards.dtype is _FLOAT32
+                    and rewards.ndim == 1
+                ):  # fmt: skip
+                    s = rewards.tolist()  # (a vector step's k rewards, as Python floats)
+                    if not (math.isfinite(sum(s)) or floats_finite(s)):
+                        return False
+                elif not _finite(rewards):
+                    return False
             self._store_direct(rows, values, k, False)
             return True
 

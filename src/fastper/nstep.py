@@ -140,12 +140,14 @@ _LAST, _FIRST, _RETURN, _DISCOUNT = 0, 1, 2, 3
 _UNROLL = 8
 
 
-def _return_lines(w: int, indent: str) -> list[str]:
+def _return_lines(w: int, indent: str, window: str | None = None) -> list[str]:
     """Source that leaves in ``acc`` the return of a complete window (``w`` pending
     steps) of the stream whose ring starts at row ``base``, closed by a step of
     ``reward`` (a float), for a clock of ``clock``: ``sum_j gamma^j r_j``, oldest
     first, in float64, in the compiled kernel's order (the same bits). Reads
-    ``RITEM`` (the reward ring's ``item``) and ``G`` / ``G0``.. (``gamma ** j``).
+    ``RITEM`` (the reward ring's ``item``) and ``G`` / ``G0``.. (``gamma ** j``);
+    or, where ``window`` names a list of the stream's ``w`` ring rewards as
+    Python floats (up to :data:`_UNROLL` steps), its items: the same values.
     The ring's oldest pending step sits at ``(clock - w) % w == clock % w``."""
     if w > _UNROLL:
         return [
@@ -154,8 +156,13 @@ def _return_lines(w: int, indent: str) -> list[str]:
             f"{indent}    acc += G[j] * RITEM(base + (clock + j) % {w})",
             f"{indent}acc += G[{w}] * reward",
         ]
-    lines = [f"{indent}acc = 0.0 + G0 * RITEM(base + clock % {w})"]
-    lines += [f"{indent}acc += G{j} * RITEM(base + (clock + {j}) % {w})" for j in range(1, w)]
+
+    def read(j: int) -> str:
+        at = f"clock % {w}" if j == 0 else f"(clock + {j}) % {w}"
+        return f"RITEM(base + {at})" if window is None else f"{window}[{at}]"
+
+    lines = [f"{indent}acc = 0.0 + G0 * {read(0)}"]
+    lines += [f"{indent}acc += G{j} * {read(j)}" for j in range(1, w)]
     return [*lines, f"{indent}acc += G{w} * reward"]
 
 
@@ -190,14 +197,15 @@ StoreLines = Callable[[Sequence[str | None]], list[str]]
 
 def _row_lines(
     count: int, win_pos: tuple[int, ...], flag_pos: tuple[int, ...], reward_pos: int, w: int,
-    by_id: bool, row_views: tuple[bool, ...], store: StoreLines,
+    by_id: bool, row_views: tuple[bool, ...], stream_views: bool, store: StoreLines,
 ) -> list[str]:  # fmt: skip
     """The one-row part of :meth:`NStepWriter.step_function` for one writer layout
     (see there): ``count`` input fields, the window fields' and episode-end flags'
     positions among them, the reward's, ``w == n - 1``, and whether int ``env_ids`` name
     the stream (no ``n_envs``). ``row_views[j]``: window field ``j``'s rows are
     read and written through views made ahead (``ROWS{j}[at]``: a tuple item,
-    where ``WIN{j}[at]`` makes a view each time). Returns 1 (the transition
+    where ``WIN{j}[at]`` makes a view each time); ``stream_views``: so are each
+    stream's meta row and reward ring (``MROWS[r]``, ``RROWS[r]``). Returns 1 (the transition
     stored, the step in its window) or 0 (nothing changed)."""
     window = [f"ROWS{j}[at]" if row_views[j] else f"WIN{j}[at]" for j in range(len(win_pos))]
     out = _transition_values(count, win_pos, reward_pos, window, "acc")
@@ -218,8 +226,15 @@ def _row_lines(
     ]
     if flag_pos:
         lines += [f"    if {' or '.join(f'v{p}' for p in flag_pos)}:", "        return 0"]
+    # a stream's meta row and reward ring through views made ahead (MROWS, RROWS:
+    # tuple items) where the streams are few enough to keep one each
+    unrolled = stream_views and w <= _UNROLL
     lines += [
-        "    clock, length, skip, _ = META[r].tolist()",
+        *(
+            ["    m = MROWS[r]", "    clock, length, skip, _ = m.tolist()"]
+            if stream_views
+            else ["    clock, length, skip, _ = META[r].tolist()"]
+        ),
         f"    if skip or length != {w}:",
         "        return 0  # a dropped row, or a window not yet complete",
         f"    reward = float(v{reward_pos}) if type(v{reward_pos}) is RTYPE else "
@@ -228,12 +243,13 @@ def _row_lines(
         "        return 0  # the general path names the row",
         f"    base = r * {w}",
         f"    at = base + clock % {w}",
-        *_return_lines(w, "    "),
+        *(["    ring = RROWS[r].tolist()"] if unrolled else []),
+        *_return_lines(w, "    ", "ring" if unrolled else None),
         *store(out),
         *(f"    ROWS{j}[at][...] = v{p}" if row_views[j] else f"    WIN{j}[at] = v{p}"
           for j, p in enumerate(win_pos)),
         "    RFLAT[at] = reward",
-        "    META[r, CLOCK] = clock + 1",
+        "    m[CLOCK] = clock + 1" if stream_views else "    META[r, CLOCK] = clock + 1",
         "    S._version += 1",
         "    return 1",
     ]
@@ -809,8 +825,8 @@ class NStepWriter:
         )
         #: (the storage's rows it stores into, the step): see step_function
         self._step: tuple[Any, Callable[..., int] | None] | None = None
-        #: the one-row part of the step: (row views, constants), or None
-        self._row_part: tuple[tuple[bool, ...], dict[str, Any]] | None = None
+        #: the one-row part of the step: (window row views, stream views, constants), or None
+        self._row_part: tuple[tuple[bool, ...], bool, dict[str, Any]] | None = None
         if self._rows_direct and self.n > 1 and w == self.n - 1 and self._scalar_reward:
             row_views = tuple(
                 col.ndim > 1 and col.shape[0] <= _ROW_VIEWS for col, _ in self._win_cols
@@ -819,7 +835,11 @@ class NStepWriter:
                 constants[f"WIN{j}"] = col
                 if row_views[j]:
                     constants[f"ROWS{j}"] = tuple(col)  # (row views of the window column)
-            self._row_part = (row_views, constants)
+            stream_views = self._cap <= _ROW_VIEWS
+            if stream_views:  # (row views of the streams' meta and reward rings)
+                constants["MROWS"] = tuple(self._meta)
+                constants["RROWS"] = tuple(self._rflat.reshape(self._cap, w))
+            self._row_part = (row_views, stream_views, constants)
         #: the vector-step part of the step: (views, constants), or None
         self._lock_part: tuple[bool, dict[str, Any]] | None = None
         if self._lockstep_ok:
@@ -881,10 +901,11 @@ class NStepWriter:
             lines.append("    if rows == -1:")
             constants.update(rows.store_constants())
             if self._row_part is not None:
-                row_views, row_constants = self._row_part
+                row_views, stream_views, row_constants = self._row_part
                 body = _row_lines(
                     count, self._win_pos, self._flag_pos, self._reward_pos, self._w,
-                    self.n_envs is None, row_views, lambda out: rows.store_lines(out, -1),
+                    self.n_envs is None, row_views, stream_views,
+                    lambda out: rows.store_lines(out, -1),
                 )  # fmt: skip
                 lines += ["    " + line for line in body]
                 constants.update(row_constants)

@@ -221,6 +221,7 @@ def test_the_sb3_drop_in_stores_an_env_step_without_the_general_path() -> None:
         buf = DropIn(64, gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(3),
                      device="cpu", n_envs=n_envs, seed=0)  # fmt: skip
         core = buf._buffer
+        add_general = core._add
         core._add = refuse  # type: ignore[method-assign]
         obs = np.arange(3 * n_envs, dtype=np.float32).reshape(n_envs, 3)
         done = np.zeros(n_envs, dtype=bool)
@@ -233,6 +234,24 @@ def test_the_sb3_drop_in_stores_an_env_step_without_the_general_path() -> None:
         np.testing.assert_array_equal(buf.dones[0], done.astype(np.float32))
         np.testing.assert_array_equal(buf.timeouts[0], [1.0] + [0.0] * (n_envs - 1))
         np.testing.assert_array_equal(buf.observations[0], obs)
+        if n_envs == 1:
+            continue
+        # the flags read to the last env (no flag, then one in the last env's infos)
+        done[:] = [False, False, True, True]
+        for step, infos in ((1, [{"TimeLimit.truncated": False}] * 4),
+                            (2, [{}, {}, {"TimeLimit.truncated": False}, {"TimeLimit.truncated": True}])):  # fmt: skip
+            buf.add(obs, obs, np.ones((4, 1), np.int64), np.ones(4, np.float32), done, infos)
+            np.testing.assert_array_equal(buf.timeouts[step], [0, 0, 0, step == 2])
+            np.testing.assert_array_equal(buf.dones[step], [0, 0, 1, 1])
+        # a reward that is not finite, in any env, is refused and changes nothing
+        core._add = add_general  # type: ignore[method-assign]
+        before = core.state_dict()
+        for bad in (np.nan, np.inf, -np.inf):
+            rewards = np.array([0.5, -1.0, 2.0, bad], np.float32)
+            with pytest.raises(ValueError, match="finite"):
+                buf.add(obs, obs, np.ones((4, 1), np.int64), rewards, done, infos)
+        _same_state(core.state_dict(), before)
+        core._add = refuse  # type: ignore[method-assign]
 
 
 def _draw_and_update_alike(fast: Any, slow: Any, b: int) -> None:
@@ -353,7 +372,10 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
     fast._add = counted  # type: ignore[method-assign]
     adds = 0
     if fast._nstep._row_part is not None:  # row views, or the fallback
-        assert ("ROWS0" in fast._nstep._row_part[1]) == (row_views > 0)
+        constants = fast._nstep._row_part[2]
+        assert ("ROWS0" in constants) == (row_views > 0)
+        # the streams' meta rows and reward rings through views too, or indexed
+        assert ("MROWS" in constants) == ("RROWS" in constants) == (row_views > 0)
     stepped = _count_steps(fast._nstep)
     rng = np.random.default_rng(n)
     streams = 1 if n_envs is not None else 3

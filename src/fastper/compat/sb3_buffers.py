@@ -704,9 +704,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if acts != self._action_rows:  # flat: one action per env
                 action = action.reshape(self._action_rows)
             if exact:  # a vector step, one row per env
-                timeouts = (
-                    self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
-                )
+                timeouts = self._no_timeouts
+                if self.handle_timeout_termination:
+                    # (_timeouts, without its call or its list: most steps have no
+                    # env at its time limit; len(infos) == n_envs was checked above)
+                    for info in infos:
+                        if info.get("TimeLimit.truncated", False):
+                            timeouts = self._timeouts(infos)
+                            break
                 values = [obs, action, reward, next_obs, done, timeouts]
                 if (  # (flags of another shape: the general way refuses them)
                     timeouts is self._no_timeouts or timeouts.shape == n_rows
