@@ -838,7 +838,8 @@ class NStepWriter:
             stream_views = self._cap <= _ROW_VIEWS
             if stream_views:  # (row views of the streams' meta and reward rings)
                 constants["MROWS"] = tuple(self._meta)
-                constants["RROWS"] = tuple(self._rflat.reshape(self._cap, w))
+                if w <= _UNROLL:  # (a longer window's return reads its ring by item)
+                    constants["RROWS"] = tuple(self._rflat.reshape(self._cap, w))
             self._row_part = (row_views, stream_views, constants)
         #: the vector-step part of the step: (views, constants), or None
         self._lock_part: tuple[bool, dict[str, Any]] | None = None

@@ -302,10 +302,17 @@ class _TruncatedInfo(dict):  # type: ignore[type-arg]
         return self.flag if key == "TimeLimit.truncated" else super().get(key, default)
 
 
+class _AnswersOnce(dict):  # type: ignore[type-arg]
+    """An info dict whose ``get`` takes the item out: a second read finds nothing."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.pop(key, default)
+
+
 def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
-    """The flags of a vector step are read by each info's own ``get``: dicts, other
-    mappings (or dicts missing the key) and a dict whose ``get`` is its own give
-    the same columns."""
+    """The flags of a vector step are read by each info's own ``get``, once: dicts,
+    other mappings (or dicts missing the key), a dict whose ``get`` is its own and
+    one whose ``get`` answers only once give the same columns."""
     from collections import UserDict
 
     obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
@@ -314,6 +321,7 @@ def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
         "dict": dict,
         "mapping": UserDict,
         "own get": lambda d: _TruncatedInfo(bool(d.get("TimeLimit.truncated", False))),
+        "read once": _AnswersOnce,
     }
     bufs = {k: PrioritizedReplayBuffer(32, obs_space, act_space, device="cpu", n_envs=3, seed=0)
             for k in kinds}  # fmt: skip
@@ -329,7 +337,7 @@ def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
                      for j, f in enumerate(flags)]  # fmt: skip
             bufs[kind].add(obs, nxt, action, reward, done, infos)
     a = bufs["dict"]
-    for other in ("mapping", "own get"):
+    for other in ("mapping", "own get", "read once"):
         np.testing.assert_array_equal(a.timeouts, bufs[other].timeouts)
         np.testing.assert_array_equal(a.dones, bufs[other].dones)
     assert a.timeouts.any() and a.dones.any() and not a.timeouts.all()

@@ -334,14 +334,15 @@ def _count_steps(writer: Any) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("n", "autoreset", "reward_dtype", "n_envs", "row_views"),
-    [(3, None, np.float32, None, 4096), (2, "next_step", np.float64, None, 4096),
-     (5, None, np.float64, 1, 4096), (1, "next_step", np.float32, None, 4096),
-     (12, None, np.float64, None, 4096), (40, None, np.float32, None, 4096),
-     (3, None, np.float32, None, 0), (12, None, np.float64, None, 0)],
+    ("n", "autoreset", "reward_dtype", "n_envs", "row_views", "streams"),
+    [(3, None, np.float32, None, 4096, 3), (2, "next_step", np.float64, None, 4096, 3),
+     (5, None, np.float64, 1, 4096, 1), (1, "next_step", np.float32, None, 4096, 3),
+     (12, None, np.float64, None, 4096, 3), (40, None, np.float32, None, 4096, 3),
+     (3, None, np.float32, None, 0, 3), (12, None, np.float64, None, 0, 3),
+     (3, None, np.float32, None, 16, 40)],
 )  # fmt: skip
 def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
-    n: int, autoreset: Any, reward_dtype: Any, n_envs: Any, row_views: int,
+    n: int, autoreset: Any, reward_dtype: Any, n_envs: Any, row_views: int, streams: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """One row at a time, from several streams (int ``env_ids``) or one, in Python
@@ -349,7 +350,10 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
     signed zeros and a ring that wraps: the row path leaves what the general path
     leaves, bit for bit; complete windows take the specialised row step.
     ``row_views=0``: the step indexes its windows instead of reading and writing
-    them through row views made ahead (as for rings of more than 4096 rows)."""
+    them through row views made ahead (as for rings of more than 4096 rows).
+    ``row_views=16`` with more streams: the streams' arrays grow past it while
+    windows complete, from views of every kind, to streams' rows by views and
+    window rows by index, to both by index."""
     import fastper.nstep
 
     monkeypatch.setattr(fastper.nstep, "_ROW_VIEWS", row_views)
@@ -371,14 +375,24 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
 
     fast._add = counted  # type: ignore[method-assign]
     adds = 0
-    if fast._nstep._row_part is not None:  # row views, or the fallback
+    if fast._nstep._row_part is not None and row_views != 16:  # row views, or the fallback
         constants = fast._nstep._row_part[2]
         assert ("ROWS0" in constants) == (row_views > 0)
         # the streams' meta rows and reward rings through views too, or indexed
-        assert ("MROWS" in constants) == ("RROWS" in constants) == (row_views > 0)
+        assert ("MROWS" in constants) == (row_views > 0)
+        assert ("RROWS" in constants) == (row_views > 0 and n <= 9)
+    kinds = set()  # the views the row step was made with, through the streams' growth
+    make_steps = fast._nstep._make_steps
+
+    def seen() -> None:
+        make_steps()
+        part = fast._nstep._row_part
+        if part is not None:
+            kinds.add(("ROWS0" in part[2], "MROWS" in part[2]))
+
+    fast._nstep._make_steps = seen  # type: ignore[method-assign]
     stepped = _count_steps(fast._nstep)
     rng = np.random.default_rng(n)
-    streams = 1 if n_envs is not None else 3
     for t in range(600):
         sid = int(rng.integers(0, streams))
         env_ids = None if streams == 1 else sid
@@ -403,6 +417,8 @@ def test_single_n_step_rows_leave_the_buffer_the_general_path_leaves(
     assert adds - general[0] > 150, "the row path must be taken"
     if n > 1:
         assert stepped[0] > 50, f"complete windows must take the specialised step: {stepped[0]}"
+    if row_views == 16:
+        assert {(True, True), (False, True), (False, False)} <= kinds, kinds
 
 
 def _same_bits(a: dict, b: dict, where: str) -> None:

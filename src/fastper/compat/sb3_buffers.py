@@ -706,12 +706,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if exact:  # a vector step, one row per env
                 timeouts = self._no_timeouts
                 if self.handle_timeout_termination:
-                    # (_timeouts, without its call or its list: most steps have no
-                    # env at its time limit; len(infos) == n_envs was checked above)
+                    # (_timeouts without its call or its list while every env answers
+                    # False, as on most steps; each info is read once; len(infos) ==
+                    # n_envs was checked above)
+                    i = 0
                     for info in infos:
-                        if info.get("TimeLimit.truncated", False):
-                            timeouts = self._timeouts(infos)
+                        flag = info.get("TimeLimit.truncated", False)
+                        if flag is not False:
+                            timeouts = self._timeouts_from(infos, i, flag)
                             break
+                        i += 1
                 values = [obs, action, reward, next_obs, done, timeouts]
                 if (  # (flags of another shape: the general way refuses them)
                     timeouts is self._no_timeouts or timeouts.shape == n_rows
@@ -750,7 +754,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             )
         if self.n_envs == 1:  # (read-only flags: the buffer copies them into its columns)
             return _FLAGS[bool(infos[0].get("TimeLimit.truncated", False))]
-        flags = [info.get("TimeLimit.truncated", False) for info in infos]
+        return self._timeouts_from(infos, 0, infos[0].get("TimeLimit.truncated", False))
+
+    def _timeouts_from(self, infos: list[dict[str, Any]], i: int, flag: Any) -> np.ndarray:
+        """:meth:`_timeouts` (n_envs > 1) where the infos of envs ``0 .. i-1`` have
+        answered ``False`` and env ``i``'s ``flag``: the others read once. O(n_envs)."""
+        rest = [info.get("TimeLimit.truncated", False) for info in infos[i + 1 :]]
+        flags = [False] * i + [flag, *rest]
         if not any(flags):  # (most steps: no env hit its time limit)
             return self._no_timeouts
         return np.array(flags, np.bool_)
