@@ -11,7 +11,10 @@ counts only inside callbacks (`--toggle-collect`) and writes one count per
 callback (`--dump-after`; the last ones are the operations'): each operation is timed with ``calls`` and with
 ``2 * calls`` calls, and the difference over ``calls`` is its instructions
 per call, without the set-up. Numba's kernels are compiled into a cache by a
-first run of the worker outside valgrind, so the counted run only loads them.
+first run of the worker outside valgrind, so the counted run only loads them;
+both compile for one named CPU and its features (``NUMBA_CPU_NAME=haswell``:
+AVX2, which valgrind runs), since numba would take valgrind's virtual CPU for
+another machine and compile again, under valgrind, for many minutes.
 
 Instructions are not time: a cache miss costs hundreds of cycles and one
 instruction. Read these figures beside the timed benchmarks (`layout.py`,
@@ -98,6 +101,21 @@ def _operations(calls: int) -> dict[str, Callable[[], object]]:
         s = learner.sample(B)
         learner.update_priorities(s, tds)
 
+    # an actor-learner step (one add, then sample and update) on a rank-based buffer and
+    # on a proportional one (its reference)
+    rank = fastper.RankBasedReplayBuffer(CAPACITY, fields, seed=0)
+    rank.add(rows(CAPACITY))
+    rank.update_priorities(np.arange(CAPACITY), np.abs(rng.standard_normal(CAPACITY)) + 0.01)
+    actor_prop = full()
+
+    def actor_step(buf: Any) -> Callable[[], None]:
+        def step() -> None:
+            buf.add(one)
+            s = buf.sample(B)
+            buf.update_priorities(s, tds)
+
+        return step
+
     return {
         "add, one transition": lambda: adder.add(one),
         "add, 256 rows": lambda: adder.add(r256),
@@ -111,6 +129,8 @@ def _operations(calls: int) -> dict[str, Callable[[], object]]:
         f"sample({B})": lambda: sampler.sample(B),
         f"update_priorities({B})": lambda: updater.update_priorities(batch, tds),
         f"learner step (sample({B}) + update)": learner_step,
+        f"rank-based step (add + sample({B}) + update)": actor_step(rank),
+        f"proportional step (add + sample({B}) + update; the reference)": actor_step(actor_prop),
     }
 
 
@@ -182,9 +202,23 @@ def worker(calls: int) -> None:
     print("\n".join(ops))
 
 
+# the features of the named CPU, given too: numba otherwise reads the machine's, and
+# valgrind's differ from the host's (a cache miss again)
+_HASWELL = ",".join(
+    "+" + f for f in (
+        "64bit avx avx2 bmi bmi2 cmov cx16 cx8 f16c fma fsgsbase fxsr lzcnt mmx movbe pclmul "
+        "popcnt sahf sse sse2 sse3 sse4.1 sse4.2 ssse3 xsave"
+    ).split()
+)  # fmt: skip
+
+
 def _count(src: Path, calls: int, tmp: Path, side: str) -> dict[str, float]:
+    # kernels compiled for one named CPU (AVX2, which valgrind runs), so that the
+    # cache filled by the first run is the one the counted run loads: with the
+    # host's own CPU, valgrind's (another CPU to numba) would compile every kernel
+    # again under valgrind, for many minutes
     env = {**os.environ, "PYTHONPATH": str(src), "NUMBA_CACHE_DIR": str(tmp / f"numba-{side}"),
-           "PYTHONHASHSEED": "0"}  # fmt: skip
+           "PYTHONHASHSEED": "0", "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _HASWELL}  # fmt: skip
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(calls)]
     subprocess.run([*cmd[:-1], "2"], check=True, capture_output=True, env=env)  # fill the cache
     out = tmp / f"callgrind-{side}"

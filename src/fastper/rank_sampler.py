@@ -100,17 +100,23 @@ class RankSampler(PermutedSampler):
         ) = self._tree = _rk.new_tree(capacity)  # fmt: skip
         self._seg_cache: tuple[int, int, np.ndarray] | None = None
         self._scratch = np.empty((5, 256), dtype=np.int64)  # ranks, descent, order, slots
+        self._views: tuple[Any, ...] | None = None  # of _scratch for one batch size
         # a write's scratch (paths routed ahead, what each change does, the group's
-        # slots) and the last sample's paths (count of draws and the routing version
-        # then; slot -> draw table; paths): see _kernels.rank_writes._prepare
-        self._sample = np.zeros(2, dtype=np.int64)
+        # slots) and the last sample's records (count of draws, the routing version
+        # then, whether the slot -> draw table is built; the table, built by the first
+        # update that needs it; the records: paths, slots, batch order): see
+        # _kernels.rank_writes._prepare and _drawn
+        self._sample = np.zeros(3, dtype=np.int64)
         self._stab = np.empty(2 * 512, dtype=np.int64)
         self._spaths = np.empty(256 * _rk.MAXH, dtype=np.int64)
         self._warm_state = self._new_warm_state()
-        # an update's priorities kept (slots, values), and how many the tree took
+        # an update's priorities kept (slots, values), and how many of them the tree
+        # did not take (the node pools ran out)
         self._kept_idx = np.empty(256, dtype=np.int64)
         self._kept_p = np.empty(256, dtype=np.float64)
-        self._done = np.zeros(1, dtype=np.int64)
+        self._left = np.zeros(1, dtype=np.int64)
+        self._limit_alpha = math.nan  # the alpha _limit was computed for (none yet)
+        self._limit = math.inf
 
     def _new_warm_state(self) -> tuple[np.ndarray, ...]:
         return (
@@ -121,17 +127,21 @@ class RankSampler(PermutedSampler):
         )  # fmt: skip
 
     # -- writes ------------------------------------------------------------------
-    def _run(self, call: Callable[[int], int], total: int) -> None:
+    def _run(self, call: Callable[[int], int], total: int, first: int | None = None) -> None:
         """Run a kernel that stops when the tree's node pools run out.
 
         ``call(k)`` resumes at item ``k`` and returns how many items it did
         (-1: the tree is corrupt). In between the tree is compacted: O(N),
         after at least N/6 inserts (see :mod:`fastper._kernels.rank`).
+        ``first``: what a first call, already made, returned.
         """
         k = 0
         compacted = False
         while True:
-            done = call(k)
+            if first is None:
+                done = call(k)
+            else:
+                done, first = first, None
             if done < 0 or (compacted and done == 0):  # pragma: no cover - only a bug
                 raise RuntimeError("the rank tree is corrupt: internal error, please report it")
             k += done
@@ -167,26 +177,33 @@ class RankSampler(PermutedSampler):
         if self._kept_idx.shape[0] < b:
             self._kept_idx = np.empty(b, dtype=np.int64)
             self._kept_p = np.empty(b, dtype=np.float64)
-        kept_idx, kept_p, done = self._kept_idx, self._kept_p, self._done
+        if self._limit_alpha != self.alpha:
+            self._limit = self.priority_limit()
+            self._limit_alpha = self.alpha
+        kept_idx, kept_p, left = self._kept_idx, self._kept_p, self._left
         pmax = _rk.update(
             *self._tree, self.ranked, self.raw, self.pending, self._plist,
             self.sort_every is not None, *self._warm_state, idx, td, keys, use_keys, eps, clip,
-            self.priority_limit(), size, key_base, added, self.capacity, kept_idx, kept_p,
-            status, done,
+            self._limit, size, key_base, added, self.capacity, kept_idx, kept_p, status, left,
         )  # fmt: skip
-        kept = int(status[2])
-        if status[0] == 0 and int(done[0]) < kept:
-            d = int(done[0])
+        if left[0]:  # the node pools ran out: the rest after a compaction
+            kept = int(status[2])
+            d = kept - int(left[0])
             if d < 0:  # pragma: no cover - only a bug
                 raise RuntimeError("the rank tree is corrupt: internal error, please report it")
-            _rk.compact(*self._tree)  # the node pools ran out: the rest after a compaction
+            _rk.compact(*self._tree)
             self.write(kept_idx[d:kept].copy(), kept_p[d:kept].copy())
-        return float(pmax)
+        return pmax
 
     def write_run(self, start: int, count: int, p: float) -> None:
         """New transitions in slots ``start .. start+count-1``: priority ``p``, ranked now."""
         t, ranked, raw, pending = self._tree, self.ranked, self.raw, self.pending
-        self._run(lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p), count)
+        done = _rk.write_run(*t, ranked, raw, pending, start, count, p)
+        if done != count:  # the pools ran out (or a bug): the rest through _run
+            self._run(
+                lambda k: _rk.write_run(*t, ranked, raw, pending, start + k, count - k, p),
+                count, done,
+            )  # fmt: skip
 
     def draw_state(self) -> Any:
         """The counters a sample moves: samples since the last sort, the last batch size.
@@ -311,18 +328,15 @@ class RankSampler(PermutedSampler):
         prefetch the rows inside their compiled call; the segment law orders its
         outputs after its draw. O(B log N)."""
         b = self._permuted_batch(u, perm, shuffle, rows, row_bytes)
-        # no recorded paths until this draw's are complete (a call that raises below
-        # must not leave a count over tables it has not filled)
-        self._sample[0] = 0
-        self._maybe_sort(n)
+        if self.sort_every is not None:
+            self._sample[0] = 0  # a sort that falls due routes its keys (no draw's paths)
+            self._maybe_sort(n)
         self.samples_since_sort += 1
         self.last_batch_size = b
-        if self._scratch.shape[1] < b:
-            self._scratch = np.empty((5, b), dtype=np.int64)
-            self._stab = np.empty(4 << int(b - 1).bit_length(), dtype=np.int64)
-            self._spaths = np.empty(b * _rk.MAXH, dtype=np.int64)
-            self._warm_state = self._new_warm_state()
-        ranks, node, rem = self._scratch[0, :b], self._scratch[1, :b], self._scratch[2, :b]
+        views = self._views
+        if views is None or views[0] != b:
+            views = self._batch_views(b)
+        _, ranks, node, rem, shuffled, sel = views
         idx = np.empty(b, dtype=np.int64)
         if self.segments and n >= b:
             bounds = self._bounds(n, b)
@@ -339,7 +353,8 @@ class RankSampler(PermutedSampler):
             )
             prob = 1.0 / (b * lengths[seg].astype(np.float64))
             pmin = 1.0 / (b * float(lengths.max()))
-            _rk.select(*self._tree, ranks, node, rem, idx, self._spaths, self._stab)
+            # the draws' paths, for an update of these slots (it need not route)
+            _rk.select(*self._tree, ranks, node, rem, idx, self._spaths, self._sample)
             keys = slot_keys(idx, key_base, added, self.capacity)
             weights = normalised_weights(prob, 1.0, pmin, n, beta, norm)
             if shuffle:
@@ -347,24 +362,37 @@ class RankSampler(PermutedSampler):
                 _order.batch_order(u[b : 2 * b], perm)
             if perm.shape[0]:
                 idx, prob, weights, keys = idx[perm], prob[perm], weights[perm], keys[perm]
-        else:
-            prob = np.empty(b, dtype=np.float64)
-            weights = np.empty(b, dtype=np.float64)
-            keys = np.empty(b, dtype=np.int64)
-            pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
-            if shuffle:
-                order = self._scratch[3, :b]  # filled there
-            else:  # (the kernel may write its order argument: a read-only one is copied)
-                order = perm if perm.flags.writeable else perm.copy()
-            _rk.sample_exact(
-                *self._tree, self.prefix, self._guide, self._scale, n, u, order, shuffle,
-                stratified, self.alpha, ranks, node, rem, self._scratch[4, :b], idx, prob,
-                self._spaths, self._stab, key_base, added, keys, float(beta), norm, pmin,
-                weights, rows, row_bytes,
-            )  # fmt: skip
-        self._sample[0] = b  # their paths: an update of these slots need not route
-        self._sample[1] = self._meta[_rk.VERSION]
+                self._spaths[_rk.DRAW : b * _rk.MAXH : _rk.MAXH] = perm  # output k: draw perm[k]
+            return idx, prob, weights, keys
+        prob = np.empty(b, dtype=np.float64)
+        weights = np.empty(b, dtype=np.float64)
+        keys = np.empty(b, dtype=np.int64)
+        pmin = float(n) ** (-self.alpha) / self.prefix[n - 1]
+        if shuffle:
+            order = shuffled  # filled there
+        else:  # (the kernel may write its order argument: a read-only one is copied)
+            order = perm if perm.flags.writeable else perm.copy()
+        # the kernel records the draws' paths and their count (self._sample): an
+        # update of these slots need not route
+        _rk.sample_exact(
+            *self._tree, self.prefix, self._guide, self._scale, n, u, order, shuffle,
+            stratified, self.alpha, ranks, node, rem, sel, idx, prob, self._spaths, self._sample,
+            key_base, added, keys, float(beta), norm, pmin, weights, rows, row_bytes,
+        )  # fmt: skip
         return idx, prob, weights, keys
+
+    def _batch_views(self, b: int) -> tuple[Any, ...]:
+        """The scratch of a draw of ``b`` (grown when ``b`` is larger than ever):
+        ``(b, ranks, node, rem, order, slots)``, kept for the next draw of ``b``."""
+        if self._scratch.shape[1] < b:
+            self._scratch = np.empty((5, b), dtype=np.int64)
+            self._stab = np.empty(4 << int(b - 1).bit_length(), dtype=np.int64)
+            self._spaths = np.empty(b * _rk.MAXH, dtype=np.int64)
+            self._sample[0] = 0  # the recorded paths were in the tables replaced
+            self._warm_state = self._new_warm_state()
+        sc = self._scratch
+        self._views = (b, sc[0, :b], sc[1, :b], sc[2, :b], sc[3, :b], sc[4, :b])
+        return self._views
 
     # -- whole-state operations ------------------------------------------------------
     def _rebuild(self, n: int) -> None:

@@ -30,4 +30,6 @@ def test_the_worker_runs_every_operation_and_names_them_in_order() -> None:
         "sample(256)",
         "update_priorities(256)",
         "learner step (sample(256) + update)",
+        "rank-based step (add + sample(256) + update)",
+        "proportional step (add + sample(256) + update; the reference)",
     ]

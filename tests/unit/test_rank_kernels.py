@@ -360,7 +360,7 @@ def test_permuted_draw_refuses_what_does_not_fit_the_batch():
         with pytest.raises(ValueError, match="shorter than the batch"):
             _rk.sample_exact(
                 *s._tree, s.prefix, s._guide, s._scale, 100, u, perm, shuffle, True, 0.7,
-                *i64[:3], np.empty(sel, np.int64), i64[3], np.empty(4), s._spaths, s._stab, 0,
+                *i64[:3], np.empty(sel, np.int64), i64[3], np.empty(4), s._spaths, s._sample, 0,
                 100, np.empty(4, np.int64), 0.4, 0, 1.0, np.empty(4), _NO_ROWS, 0,
             )  # fmt: skip
 
@@ -450,6 +450,52 @@ def test_fused_update_equals_the_checked_write(sort_every):
     check_invariants(a, cap)
 
 
+@pytest.mark.parametrize("segments", [False, True])
+def test_updates_of_a_drawn_batch_find_its_paths_by_position_or_by_slot(segments):
+    """An update that gives the batch back as drawn (or its first entries) finds
+    each draw's path by its position (no table of the draws' slots is built);
+    one given back reordered, with repeats or with entries dropped as stale
+    finds them through that table. Either way the order is the oracle's and a twin that routes every
+    key (no recorded paths) holds the same tree."""
+    cap = 3000
+    rng = np.random.default_rng(12)
+    a = RankSampler(cap, 0.7, segments=segments)
+    twin = RankSampler(cap, 0.7, segments=segments)
+    p0 = rng.exponential(size=cap)
+    for t in (a, twin):
+        t.write_run(0, cap, 1.0)
+        t.write(np.arange(cap), p0)
+    status = np.zeros(4, np.int64)
+    for step in range(48):
+        shuffle = step % 3 != 2
+        u = rng.random(512 if shuffle else 256)
+        perm = _NO_PERM if shuffle or step % 2 else rng.permutation(256)
+        idx, _, _, keys = a.sample_permuted(u, perm, cap, 0.5, step % 2 == 0, 0, 0, cap,
+                                            shuffle=shuffle)  # fmt: skip
+        how = step % 6
+        if how == 1:
+            idx, keys = idx[::-1], keys[::-1]  # reordered
+        elif how == 2:
+            idx, keys = idx[:100], keys[:100]  # cut
+        elif how == 3:  # entry 7 names another issued key: stale, dropped
+            keys = keys.copy()
+            keys[7] = keys[7] - 1 if keys[7] > 0 else 1
+        elif how == 4:
+            idx, keys = np.concatenate([idx, idx[:9]]), np.concatenate([keys, keys[:9]])
+        td = rng.standard_normal(idx.shape[0])
+        args = (idx, td, keys, True, 1e-3, np.inf, cap, 0, cap)
+        a.update_from_td(*args, status)
+        assert status[0] == 0 and status[3] == (how == 3)
+        # as drawn, or its first entries: by position only; else the table was needed
+        assert a._sample[2] == (0 if how in (0, 2, 5) else 1), how
+        twin._sample[0] = 0  # no recorded paths: every key routed
+        twin.update_from_td(*args, np.zeros(4, np.int64))
+        np.testing.assert_array_equal(a.ranked, twin.ranked)
+        np.testing.assert_array_equal(a.order, twin.order)
+    np.testing.assert_array_equal(a.order, oracle_order(a.ranked[:cap]))
+    check_invariants(a, cap)
+
+
 def test_fused_update_compacts_when_the_pools_run_out():
     cap = 64
     s = RankSampler(cap, 0.7)
@@ -479,16 +525,27 @@ def test_weights_of_an_underflowing_law_follow_numpy():
         np.testing.assert_array_equal(w, normalised_weights(prob, 1.0, pmin, 50, 0.5, norm))
 
 
-def test_a_draw_that_raises_leaves_no_recorded_paths():
-    """An update after a failed draw must route its keys, not follow paths the
-    failed draw never wrote."""
+def test_a_draw_that_raises_leaves_the_last_draws_records_or_none():
+    """A failed draw writes no record: the last complete draw's records stay
+    (an update of its batch still finds its paths), or, where the failed draw
+    replaced the tables (a larger batch than ever), there are none and an
+    update routes its keys."""
     s = RankSampler(64, 0.7)
     s.write(np.arange(64), np.linspace(0.1, 2.0, 64), new=True)
-    s.sample(np.linspace(0.0, 0.99, 16), 64, 0.5, True, 0, 0, 64)
+    idx, _, _, _ = s.sample(np.linspace(0.0, 0.99, 16), 64, 0.5, True, 0, 0, 64)
     assert s._sample[0] == 16
+    with pytest.raises((ZeroDivisionError, IndexError, ValueError)):
+        s.sample(np.linspace(0.0, 0.99, 16), 0, 0.5, True, 0, 0, 64)  # no slot to draw
+    assert s._sample[0] == 16
+    status = np.zeros(4, np.int64)
+    s.update_from_td(idx, np.linspace(0.5, 1.5, 16), idx, False, 0.0, np.inf, 64, 0, 64, status)
+    assert status[2] == 16 and s._sample[2] == 0  # by position: the records were the batch's
+    np.testing.assert_array_equal(s.order, oracle_order(s.ranked[:64]))
     with pytest.raises((ZeroDivisionError, IndexError, ValueError)):
         s.sample(np.linspace(0.0, 0.99, 300), 0, 0.5, True, 0, 0, 64)  # no slot to draw
     assert s._sample[0] == 0
+    s.write(np.arange(64), np.linspace(2.0, 0.1, 64))  # every key routed
+    np.testing.assert_array_equal(s.order, oracle_order(s.ranked[:64]))
 
 
 def test_an_integral_beta_weighs_as_the_float_one():

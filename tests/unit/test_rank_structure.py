@@ -30,9 +30,8 @@ def select(s: RankSampler, ranks: np.ndarray) -> np.ndarray:
     b = ranks.shape[0]
     out = np.empty(b, dtype=np.int64)
     spaths = np.empty(b * _rk.MAXH, dtype=np.int64)
-    stab = np.empty(4 << max(b - 1, 1).bit_length(), dtype=np.int64)
     _rk.select(*s._tree, ranks.astype(np.int64), np.empty(b, np.int64), np.empty(b, np.int64),
-               out, spaths, stab)  # fmt: skip
+               out, spaths, np.zeros(3, np.int64))  # fmt: skip
     return out
 
 

@@ -29,6 +29,7 @@ from .rank_tree import (
     _HOT,
     CHILD_AT,
     CORRUPT,
+    DRAW,
     FULL,
     HEIGHT,
     INNERS,
@@ -42,6 +43,7 @@ from .rank_tree import (
     PLEN,
     ROOT,
     SIZE,
+    SLOT,
     VERSION,
     F,
     L,
@@ -56,7 +58,6 @@ from .rank_tree import (
 )
 from .rank_writes import (
     WARM,
-    _remember,
     apply_pending,
     remove,
     update,
@@ -70,6 +71,7 @@ GUIDE = 4  # ranks per guide-table bucket (see :func:`guide_table`)
 
 __all__ = [
     "CORRUPT",
+    "DRAW",
     "F",
     "FULL",
     "GUIDE",
@@ -86,6 +88,7 @@ __all__ = [
     "PLEN",
     "ROOT",
     "SIZE",
+    "SLOT",
     "VERSION",
     "WARM",
     "apply_pending",
@@ -112,7 +115,7 @@ __all__ = [
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab):  # pragma: no cover
+def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths):  # pragma: no cover
     """``out[k]`` = the slot at 0-based rank ``ranks[k]`` (each ``< meta[SIZE]``).
 
     All ranks descend together, one level at a time; each prefetches the
@@ -121,12 +124,13 @@ def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab):  #
     running count stays at or below ``r`` (a vector prefix sum and compare,
     :func:`~fastper._kernels.rank_bits.child_at16` and wider); inside a leaf, it is
     the ``r``-th live position.
-    ``node`` / ``rem``: int64 scratch, as long as ``ranks``. The path taken
-    (child position per level, top down) and, last, the position in the leaf
-    are recorded in ``spaths[k * MAXH ..]`` (``len(ranks) * MAXH`` int64)
-    and ``k`` under its slot in the hash table ``stab`` (see
-    :func:`~fastper._kernels.rank_writes._lookup`): a later update of these
-    slots deletes their keys along it instead of routing.
+    ``node`` / ``rem``: int64 scratch, as long as ``ranks``. Draw ``k``'s
+    record ``spaths[k * MAXH ..]`` (``len(ranks) * MAXH`` int64; see
+    :data:`~fastper._kernels.rank_tree.DRAW`) receives the path taken (child
+    position per level, top down), the slot and the position in the leaf: a
+    later update of these slots deletes their keys along it instead of
+    routing (:func:`~fastper._kernels.rank_writes._drawn` finds it). The
+    caller writes each output position's draw (at ``DRAW``).
     """
     b = ranks.shape[0]
     h = meta[HEIGHT]
@@ -140,7 +144,7 @@ def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab):  #
             base = nd * F
             j, before = CHILD_AT(ic, base, r)  # unused positions count 0: never past r
             r -= before
-            if level < MAXH - 1:
+            if level < DRAW:
                 spaths[k * MAXH + level] = base + j
             child = ich[base + j]
             node[k] = child
@@ -152,23 +156,36 @@ def _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab):  #
             else:
                 prefetch(lm, child)
                 prefetch(ls, child * L + r)
-    for j in range(stab.shape[0]):
-        stab[j] = -1
     for k in range(b):
         leaf = node[k]
         pos = select_bit(lm[leaf], rem[k])
         s = ls[leaf * L + pos]
         out[k] = s
+        spaths[k * MAXH + SLOT] = s
         spaths[k * MAXH + MAXH - 1] = pos  # the key's position in its leaf
-        _remember(stab, s, k)
 
 
 @njit(**_HOT)
 def select(
-    meta, lp, ls, lm, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, stab
+    meta, lp, ls, lm, ip, isl, ic, ich, inn, ranks, node, rem, out, spaths, sample
 ):  # pragma: no cover - compiled
-    """``out[k]`` = the slot at 0-based rank ``ranks[k]``; see :func:`_select`."""
-    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths, stab)
+    """``out[k]`` = the slot at 0-based rank ``ranks[k]``; see :func:`_select`.
+
+    The draws' records are those of the outputs as they are (output ``k`` is
+    draw ``k``: a caller that reorders the outputs writes the draw of each at
+    ``DRAW``); ``sample`` (int64[3]) receives their count, the routing's
+    version then and 0 (no table of their slots yet: see
+    :func:`~fastper._kernels.rank_writes._drawn`), the count 0 while the records are
+    being written.
+    """
+    b = ranks.shape[0]
+    sample[0] = 0
+    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, out, spaths)
+    for k in range(b):
+        spaths[k * MAXH + DRAW] = k
+    sample[0] = b
+    sample[1] = meta[VERSION]
+    sample[2] = 0
 
 
 @njit(**_HOT)
@@ -247,7 +264,7 @@ def _find_rank(prefix, n, t, r):  # pragma: no cover - compiled
 @njit(**_HOT)
 def sample_exact(
     meta, lp, ls, lm, ip, isl, ic, ich, inn, prefix, guide, scale, n, u, perm, shuffle,
-    stratified, alpha, ranks, node, rem, sel, out, prob, spaths, stab, key_base, added, keys,
+    stratified, alpha, ranks, node, rem, sel, out, prob, spaths, sample, key_base, added, keys,
     beta, norm, pmin, weights, rows, row_bytes,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Draw ranks from P(r) = (r + 1)^-alpha / prefix[n - 1] (0-based r), then their slots.
@@ -268,7 +285,9 @@ def sample_exact(
     themselves are made in draw order (``ranks`` and ``sel``, B int64 of
     scratch: the slots in that order), ascending ranks when stratified, so
     that neighbouring descents share their nodes; only the outputs are
-    permuted. The paths recorded for a later update are those of draw order.
+    permuted. The paths recorded for a later update are those of draw order;
+    ``sample`` (int64[3]) receives their count, the routing's version
+    (:data:`VERSION`) then and 0, as :func:`select` writes it.
     ``rows`` (uint8) holds the storage's records, ``row_bytes`` each (0: none):
     the drawn rows are prefetched while the weights are computed.
 
@@ -293,12 +312,17 @@ def sample_exact(
     for k in range(b):
         t = (k + u[k]) * width if stratified else u[k] * total
         ranks[k] = _find_rank(prefix, n, t, ranks[k])
-    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, sel, spaths, stab)
+    sample[0] = 0
+    _select(meta, ls, lm, ic, ich, inn, ranks, node, rem, sel, spaths)
     permuted = perm.shape[0] != 0
     for k in range(b):
         d = perm[k] if permuted else k
         out[k] = sel[d]
+        spaths[k * MAXH + DRAW] = d
         prob[k] = (ranks[d] + 1.0) ** (-alpha) / total
+    sample[0] = b
+    sample[1] = meta[VERSION]
+    sample[2] = 0
     slot_keys(out, key_base, added, prefix.shape[0], keys)  # one prefix sum per slot
     # masses = probabilities; the drawn rows, if any, come into the cache meanwhile
     is_weights_into(prob, 1.0, pmin, n, beta, norm, weights, out, rows, row_bytes)

@@ -128,6 +128,11 @@ _GT_LEAF, _EQ_LEAF, _LE_LEAF, _ = _VEC[L]
 _GT_NODE, _EQ_NODE, _LE_NODE, CHILD_AT = _VEC[F]
 
 MAXH = 24  # path entries per recorded path: levels, then the leaf position last
+# A draw's record (the paths a sample keeps for the update after it) has the same
+# MAXH entries: its path's levels, then at DRAW the draw behind output position k
+# (the record of output k holds it), at SLOT the slot drawn, and the leaf position
+# last. Paths of DRAW levels or more are never recorded (unreachable below 2^31 slots).
+DRAW, SLOT = MAXH - 3, MAXH - 2
 
 # meta fields; VERSION counts changes of the routing (splits, rebuilds)
 ROOT, HEIGHT, LEAVES, INNERS, SIZE, PLEN, PCOUNT, VERSION = range(8)
@@ -520,7 +525,7 @@ def _path_leaf(meta, ich, inn, path, off):  # pragma: no cover - compiled
     reached so far, starting at the root: then it is the leaf's ancestry.
     """
     h = meta[HEIGHT]
-    if h >= MAXH:  # pragma: no cover - unreachable below 2^31 slots
+    if h >= DRAW:  # pragma: no cover - unreachable below 2^31 slots
         return -1
     node = meta[ROOT]
     for level in range(h):

@@ -4,12 +4,12 @@ A change of one key is cheap in comparisons and dear in cache misses (see
 :mod:`fastper._kernels.rank_tree`). The kernels here apply a batch of
 priority changes in groups of :data:`WARM`, each in phases, so that the
 misses of a group overlap instead of following each other. Preparing a
-group only reads (:func:`_prepare`):
+group only reads the tree (:func:`_prepare`):
 
 1. each slot's entries (its ranked and raw priority) are fetched, and the
    repeats of a slot inside the group dropped (the last one wins);
 2. the old keys of the slots the last draw recorded a path for
-   (:func:`_remember` / :func:`_lookup`) are located along it;
+   (:func:`_drawn`) are located along it;
 3. the new keys (and the other old keys) are routed together, a level at a
    time, each prefetching its next node.
 
@@ -37,6 +37,7 @@ from ._jit import njit
 from .rank_tree import (
     _HOT,
     CORRUPT,
+    DRAW,
     FULL,
     HEIGHT,
     MAXH,
@@ -44,6 +45,7 @@ from .rank_tree import (
     PCOUNT,
     PLEN,
     ROOT,
+    SLOT,
     VERSION,
     F,
     L,
@@ -103,11 +105,40 @@ def _lookup(table, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _drawn(sample, stab, spaths, s, q):  # pragma: no cover - compiled
+    """The last draw whose record (``spaths``, see
+    :data:`~fastper._kernels.rank_tree.DRAW`) holds slot ``s``, or -1.
+
+    ``q``: the output position the update's entry had in the draw's batch
+    (-1: not known). An update usually gives back the batch as drawn, so the
+    draw behind output ``q`` is tried first: one compare. Otherwise the hash
+    table ``stab`` of the draws' slots is searched; it is built here the first
+    time it is needed after a draw (``sample[2]`` says it is), in O(B).
+    """
+    b = sample[0]
+    if 0 <= q < b:
+        d = spaths[q * MAXH + DRAW]
+        if 0 <= d < b and spaths[d * MAXH + SLOT] == s:
+            return d
+    if sample[2] == 0:
+        for j in range(stab.shape[0]):
+            stab[j] = -1
+        for d in range(b):
+            _remember(stab, spaths[d * MAXH + SLOT], d)
+        sample[2] = 1
+    return _lookup(stab, s)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _prepare(
     meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, slots, p, from_raw, j0, j1,
-    paths, how, seen, sample, stab, spaths,
+    paths, how, seen, sample, stab, spaths, positional,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """Phases 1 to 3 of the changes ``j0 .. j1-1``: only reads, and prefetches.
+    """Phases 1 to 3 of the changes ``j0 .. j1-1``: reads the tree and prefetches
+    (it writes only scratch, and the table of the last draw's slots that
+    :func:`_drawn` may build).
+    ``positional``: change ``j`` was output ``j`` of the last draw, if it
+    holds the same slot (:func:`_drawn`).
 
     ``how[jj]`` (for change ``j0 + jj``) becomes :data:`_SKIP` for a repeat
     of a slot later in the group, else the draw whose recorded path reaches
@@ -138,7 +169,8 @@ def _prepare(
         for jj in range(w):
             if how[jj] == _SKIP:
                 continue
-            k = _lookup(stab, slots[j0 + jj])
+            j = j0 + jj
+            k = _drawn(sample, stab, spaths, slots[j], j if positional else -1)
             if k >= 0:
                 if fresh:
                     leaf = ich[spaths[k * MAXH + h - 1]]
@@ -244,11 +276,12 @@ def _apply_group(
 @njit(cache=True, nogil=True, inline="always")
 def _apply(
     meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, slots, p, from_raw, paths,
-    how, seen, sample, stab, spaths,
+    how, seen, sample, stab, spaths, positional,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Every change of ``slots``, in groups of :data:`WARM`: while one group is
     applied, the next is already prepared (:func:`_prepare`), so that its
-    cache misses have the whole group's work to arrive.
+    cache misses have the whole group's work to arrive. ``positional``: as
+    :func:`_prepare` takes it.
 
     Scratch, for two groups each: ``paths`` (``4 * WARM * MAXH`` int64),
     ``how`` (``2 * WARM``), ``seen`` (``8 * WARM``). Returns how many changes
@@ -273,7 +306,7 @@ def _apply(
             _prepare(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, slots, p,
                      from_raw, j, j + w, paths[buf * half_p : (buf + 1) * half_p],
                      how[buf * WARM : (buf + 1) * WARM], seen[buf * half_s : (buf + 1) * half_s],
-                     sample, stab, spaths)  # fmt: skip
+                     sample, stab, spaths, positional)  # fmt: skip
             version = meta[VERSION]
         nxt = j + w
         nw = min(w, b - nxt)
@@ -282,7 +315,7 @@ def _apply(
             _prepare(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, slots, p,
                      from_raw, nxt, nxt + nw, paths[o * half_p : (o + 1) * half_p],
                      how[o * WARM : (o + 1) * WARM], seen[o * half_s : (o + 1) * half_s],
-                     sample, stab, spaths)  # fmt: skip
+                     sample, stab, spaths, positional)  # fmt: skip
         nversion = meta[VERSION]
         code = _apply_group(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending,
                             slots, p, from_raw, j, nxt, paths[buf * half_p : (buf + 1) * half_p],
@@ -356,34 +389,49 @@ def write(
     scratch, and ``sample`` / ``stab`` / ``spaths``: the last draw's paths
     (see :func:`_prepare`).
     """
+    return _write(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist, slots,
+                  p, defer, paths, how, seen, sample, stab, spaths, False)  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _write(
+    meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist, slots, p, defer, paths,
+    how, seen, sample, stab, spaths, positional,
+):  # fmt: skip  # pragma: no cover - compiled
+    """:func:`write`; ``positional`` as :func:`_prepare` takes it."""
     if defer:
         return _defer(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist,
                       slots, p)  # fmt: skip
     return _apply(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, slots, p,
-                  False, paths, how, seen, sample, stab, spaths)  # fmt: skip
+                  False, paths, how, seen, sample, stab, spaths, positional)  # fmt: skip
 
 
 @njit(**_HOT)
 def update(
     meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist, defer, paths, how,
     seen, sample, stab, spaths, indices, td, keys, use_keys, eps, clip, p_limit, size,
-    key_base, added, capacity, out_idx, out_p, status, done,
+    key_base, added, capacity, out_idx, out_p, status, left,
 ):  # fmt: skip  # pragma: no cover - compiled
     """:func:`fastper._kernels.ring.td_priorities` then :func:`write`, in one call.
 
     The priorities kept (``status[2]`` of them) are in ``out_idx`` /
-    ``out_p``; ``done[0]`` receives what :func:`write` returned for them
-    (fewer than kept: compact and write the rest). Returns the largest kept
-    priority.
+    ``out_p``; ``left[0]`` receives how many of them :func:`write` did not
+    do: 0 when all were done, else the pools ran out (compact, then write
+    the last ``left[0]``), or more than were kept if the tree was found
+    corrupt. Returns the largest kept priority.
     """
     pmax = td_priorities(indices, td, keys, use_keys, eps, clip, p_limit, size, key_base,
                          added, capacity, out_idx, out_p, status)  # fmt: skip
     kept = status[2]
-    done[0] = 0
+    left[0] = 0
     if status[0] == 0 and kept > 0:
-        done[0] = write(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist,
-                        out_idx[:kept], out_p[:kept], defer, paths, how, seen, sample, stab,
-                        spaths)  # fmt: skip
+        # nothing dropped: entry j is output j of the batch given back, if it was the
+        # last draw's (most often it is: one compare finds its draw's path)
+        positional = kept == indices.shape[0]
+        done = _write(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending, plist,
+                      out_idx[:kept], out_p[:kept], defer, paths, how, seen, sample, stab,
+                      spaths, positional)  # fmt: skip
+        left[0] = kept - done
     return pmax
 
 
@@ -444,7 +492,8 @@ def apply_pending(
     again: the slots done are no longer pending), -1 if the tree is corrupt.
     """
     done = _apply(meta, lp, ls, lm, ip, isl, ic, ich, inn, ranked, raw, pending,
-                  plist[: meta[PLEN]], raw, True, paths, how, seen, sample, stab, spaths)  # fmt: skip
+                  plist[: meta[PLEN]], raw, True, paths, how, seen, sample, stab, spaths,
+                  False)  # fmt: skip
     if done < 0:
         return -1
     if done < meta[PLEN]:
