@@ -115,8 +115,6 @@ class RankSampler(PermutedSampler):
         self._kept_idx = np.empty(256, dtype=np.int64)
         self._kept_p = np.empty(256, dtype=np.float64)
         self._left = np.zeros(1, dtype=np.int64)
-        self._limit_alpha = math.nan  # the alpha _limit was computed for (none yet)
-        self._limit = math.inf
 
     def _new_warm_state(self) -> tuple[np.ndarray, ...]:
         return (
@@ -177,14 +175,12 @@ class RankSampler(PermutedSampler):
         if self._kept_idx.shape[0] < b:
             self._kept_idx = np.empty(b, dtype=np.int64)
             self._kept_p = np.empty(b, dtype=np.float64)
-        if self._limit_alpha != self.alpha:
-            self._limit = self.priority_limit()
-            self._limit_alpha = self.alpha
         kept_idx, kept_p, left = self._kept_idx, self._kept_p, self._left
         pmax = _rk.update(
             *self._tree, self.ranked, self.raw, self.pending, self._plist,
             self.sort_every is not None, *self._warm_state, idx, td, keys, use_keys, eps, clip,
-            self._limit, size, key_base, added, self.capacity, kept_idx, kept_p, status, left,
+            self._priority_limit(), size, key_base, added, self.capacity, kept_idx, kept_p,
+            status, left,
         )  # fmt: skip
         if left[0]:  # the node pools ran out: the rest after a compaction
             kept = int(status[2])

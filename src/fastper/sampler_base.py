@@ -153,6 +153,8 @@ class Sampler:
 
     #: log of the largest allowed ``p ** alpha`` (only trees need a bound)
     log_limit = math.inf
+    _limit_alpha: float  # (see _priority_limit)
+    _limit: float
 
     def priority_limit(self, alpha: float | None = None) -> float:
         """Largest raw priority ``p`` with ``p ** alpha <= exp(log_limit)`` (inf if none)."""
@@ -164,6 +166,14 @@ class Sampler:
         except OverflowError:  # every finite p is allowed
             return math.inf
 
+    def _priority_limit(self) -> float:
+        """:meth:`priority_limit` of the alpha in force, computed once per alpha (for
+        the compiled updates: ``log_limit`` is fixed when the sampler is made)."""
+        if self._limit_alpha != self.alpha:
+            self._limit = self.priority_limit()
+            self._limit_alpha = self.alpha
+        return self._limit
+
     def __init__(self, capacity: int, alpha: float, raw_leaves: np.ndarray | None = None) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
@@ -171,6 +181,8 @@ class Sampler:
         # scheme hand the same array to the next sampler
         self.raw_leaves = new_priorities(capacity) if raw_leaves is None else raw_leaves
         self.raw = self.raw_leaves[:capacity]
+        self._limit_alpha = math.nan  # the alpha _limit was computed for (none yet)
+        self._limit = math.inf
 
     def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         _tk.write_leaves(self.raw, slots, p)

@@ -165,8 +165,6 @@ class ProportionalSampler(PermutedSampler):
         self._root = int(self.offs[self.depth])  # the root's position in ``sinner``
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
         self._pscratch = np.empty(512, dtype=np.float64)  # priorities of an update
-        self._limit_alpha = math.nan  # the alpha _limit was computed for (none yet)
-        self._limit = math.inf
 
     def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         if self._scratch.shape[0] < slots.shape[0]:
@@ -193,13 +191,6 @@ class ProportionalSampler(PermutedSampler):
                 self.track_min,
             )
         )  # fmt: skip
-
-    def _priority_limit(self) -> float:
-        """:meth:`priority_limit` of the alpha in force, computed once per alpha."""
-        if self._limit_alpha != self.alpha:
-            self._limit = self.priority_limit()
-            self._limit_alpha = self.alpha
-        return self._limit
 
     def write_run(self, start: int, count: int, p: float) -> None:
         _pk.prop_write_run(
