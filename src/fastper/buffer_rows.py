@@ -13,7 +13,6 @@ transition is written into it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,8 +23,6 @@ from ._validation import (
     as_value_array,
     check_int,
     check_row_ids,
-    floats_finite,
-    rewards_finite,
     to_numpy,
 )
 from .buffer_core import locked
@@ -39,25 +36,12 @@ __all__ = ["RowsMixin"]
 #: stays O(RUN_LIMIT + log N)
 RUN_LIMIT = 1024
 _INT64 = np.dtype(np.int64)
-_FLOAT32 = np.dtype(np.float32)
+#: the most rows of a vector step whose size the no-cast stores learn (see
+#: RowsMixin._learn_block): larger batches gain little from it
+BLOCK_ROWS_MAX = 64
 #: what :meth:`RowsMixin._store_direct` returns where its caller wants no slots
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _NO_SLOTS.setflags(write=False)
-
-
-def _finite(value: Any) -> bool:
-    """Whether a reward matched by the no-cast path is finite (:func:`rewards_finite`
-    for arrays). O(1) for one value."""
-    t = type(value)
-    if t is float:
-        return math.isfinite(value)
-    if t is np.ndarray:
-        if value.ndim == 1 and len(value) <= 8:  # a vector env's step: its floats at once
-            return floats_finite(value.tolist())
-        return rewards_finite(value)
-    if t is int or t is bool:
-        return True
-    return math.isfinite(value)  # a numpy scalar of the field's dtype
 
 
 class RowsMixin(SamplingMixin):
@@ -70,6 +54,12 @@ class RowsMixin(SamplingMixin):
     _direct: tuple[Any, DirectRows | None, Any] | None = None
     _run_start: int = 0
     _run_priority: float = 0.0
+    #: (the no-cast path, its stores with the reward check for :meth:`_add_exact`): built
+    #: on first use, rebuilt for another no-cast path
+    _exact_put: tuple[DirectRows, Any] | None = None
+    #: the rows of the vector steps this buffer's adds bring (the first of at most
+    #: BLOCK_ROWS_MAX rows; None: none yet), which its no-cast stores take by blocks
+    _block_rows: int | None = None
     #: the no-cast matcher of the n-step input (built on first use)
     _window_matcher: DirectRows | None = None
 
@@ -158,7 +148,10 @@ class RowsMixin(SamplingMixin):
                         start = self._writer.cursor
                         n = put(transition, start)  # the checks, then the rows stored
                         if n:
-                            return self._store_direct(None, None, n)
+                            slots = self._store_direct(None, None, n)
+                            if 1 < n <= BLOCK_ROWS_MAX and self._block_rows is None:
+                                self._learn_block(n)
+                            return slots
             return self._add(transition, priorities, env_ids)
 
     def _add(self, transition: Mapping[str, Any], priorities: Any, env_ids: Any) -> np.ndarray:
@@ -211,11 +204,22 @@ class RowsMixin(SamplingMixin):
         if cached is None or cached[0] is not storage:
             plain = self._frames is None
             rows = storage.direct_rows() if plain and type(storage) is Storage else None
-            put = rows.putter(self._reward_check) if rows is not None else None
+            block = self._block_rows or 0
+            put = rows.putter(self._reward_check, block) if rows is not None else None
             cached = self._direct = (storage, rows, put)
         return cached
 
-    def _add_exact(self, values: list[Any], k: int, rewards: Any, names: tuple[str, ...]) -> bool:
+    def _learn_block(self, rows: int) -> None:
+        """Take ``rows`` (the first vector step's, 2 to :data:`BLOCK_ROWS_MAX` rows; a
+        larger batch decides nothing) as the size of the vector steps to come:
+        the next add makes the no-cast stores again, before it stores anything,
+        with a branch that stores such a step by one integer index per field
+        (:meth:`~fastper.storage.DirectRows.block_columns`). Once per buffer,
+        after an add has committed its rows."""
+        self._block_rows = rows
+        self._direct = self._exact_put = None
+
+    def _add_exact(self, values: list[Any], k: int, names: tuple[str, ...]) -> bool:
         """``add`` of rows a front end built itself, where its call shape fixes the
         fields (the SB3 drop-in), without the slots (that front end has no use for
         them); whether it stored them. False: not here (take :meth:`add`, which
@@ -226,37 +230,32 @@ class RowsMixin(SamplingMixin):
         dimension of ``k`` rows, or of a dtype that converts exactly (bool flags into
         a float column); the caller has checked them, so there is no dict to read
         and no per-field match. ``names`` must be the storage's field order (a
-        loaded file may have another: None then). ``rewards``: the reward value(s),
-        checked finite as :meth:`add` checks them. The rest is
-        :meth:`add`'s no-cast path's: a buffer in its common state, rows that fit before
-        the ring's end.
+        loaded file may have another: None then). The rewards are checked finite as
+        :meth:`add` checks them (:meth:`~fastper.storage.DirectRows.exact_putter`).
+        The rest is :meth:`add`'s no-cast path's: a buffer in its common state, rows
+        that fit before the ring's end.
         """
         with self._lock:
             if self._nstep is not None:
                 return False
-            cached = self._direct  # (_direct_rows, without its call: the drop-in's every add)
-            rows = cached[1] if cached is not None and cached[0] is self._storage else self._direct_rows()
+            cached = self._direct  # (_direct_cache, without its call: the drop-in's every add)
+            if cached is None or cached[0] is not self._storage:
+                cached = self._direct_cache()
+            rows = cached[1]
             if rows is None or self._guards or self._validity.n_invalid or rows.names != names:
                 return False
             start = self._writer.cursor
-            n = 1 if k == -1 else k
-            if start + n > self._capacity:
+            if start + (1 if k == -1 else k) > self._capacity:
                 return False
-            if self._reward_check is not None:  # (_finite's most frequent cases inline)
-                t = type(rewards)
-                if t is float:
-                    if not math.isfinite(rewards):
-                        return False  # the general path names the row
-                elif (
-                    t is np.ndarray and 1 < k <= 8 and rewards.dtype is _FLOAT32
-                    and rewards.ndim == 1
-                ):  # fmt: skip
-                    s = rewards.tolist()  # (a vector step's k rewards, as Python floats)
-                    if not (math.isfinite(sum(s)) or floats_finite(s)):
-                        return False
-                elif not _finite(rewards):
-                    return False
-            self._store_direct(rows, values, k, False)
+            exact = self._exact_put
+            if exact is None or exact[0] is not rows:
+                block = self._block_rows or 0
+                exact = self._exact_put = (rows, rows.exact_putter(self._reward_check, block))
+            if not exact[1](start, values, k):
+                return False  # a NaN or inf reward: the general path names the row
+            self._store_direct(None, None, k, False)
+            if 1 < k <= BLOCK_ROWS_MAX and self._block_rows is None:
+                self._learn_block(k)
             return True
 
     def _store_direct(

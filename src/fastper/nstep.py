@@ -918,9 +918,10 @@ class NStepWriter:
                 assert k is not None
                 lines += _lockstep_lines(
                     count, self._win_pos, self._end_pos, self._reward_pos, views,
-                    lambda out: rows.store_lines(out, k),
+                    lambda out: rows.store_lines(out, k, blocks=True),
                 )  # fmt: skip
                 constants.update(lock_constants)
+                constants.update(rows.block_columns(k))
                 # (the kernel stores the returns and the discounts into their columns)
                 constants["RET_OUT"] = rows.columns[self._reward_pos]
                 constants["DISC_OUT"] = rows.columns[count]

@@ -454,7 +454,9 @@ class DirectRows:
         """The constants the lines of :meth:`store_lines` read (the columns)."""
         return {k: v for k, v in self._constants.items() if k.startswith(_STORE_NAMES)}
 
-    def store_lines(self, values: Sequence[str | None], k: int) -> list[str]:
+    def store_lines(
+        self, values: Sequence[str | None], k: int, blocks: bool = False
+    ) -> list[str]:
         """:meth:`write`'s stores as source lines for a function specialised elsewhere
         (which reads :meth:`store_constants`).
 
@@ -462,7 +464,10 @@ class DirectRows:
         column the function stores otherwise, no line for it); stored from
         slot ``start`` (they must fit before the ring's end): one transition
         (``k == -1``) or ``k >= 1`` rows, as :meth:`write` stores them.
-        Indented for a function's body.
+        Indented for a function's body. ``blocks``: ``k`` rows from a slot that is
+        a multiple of ``k`` are stored by one index per field, into the views of
+        :meth:`block_columns` (``block_columns(k)``, which the function then reads
+        too, where it has any).
         """
         if not self.columns:
             raise TypeError("a matcher only: no columns to write")
@@ -473,10 +478,12 @@ class DirectRows:
         kind: int | str = k  # the branch write takes for k
         if k not in (-1, 1):
             kind = "long" if k >= _ITEM_ROWS and any(self._long_runs) else "run"
-        body = _store_body(len(self.columns), self._long_runs, values, kind, str(k))
-        return ["    " + line for line in body]
+        body = ["    " + line for line in _store_body(len(self.columns), self._long_runs, values, kind, str(k))]
+        if blocks and kind == "run" and self.block_columns(k):
+            return [*_block_lines(len(self.columns), values, k, ""), "    else:", *("    " + x for x in body)]
+        return body
 
-    def putter(self, reward: str | None) -> Callable[[dict[str, Any], int], int]:
+    def putter(self, reward: str | None, block: int = 0) -> Callable[[dict[str, Any], int], int]:
         """``put(transition, start)``: :meth:`match` and :meth:`write` in one call, for
         the most frequent add (one env step, or one of every env's).
 
@@ -485,20 +492,54 @@ class DirectRows:
         answers ``None``, where the rows do not fit before the ring's end, or
         where the field ``reward`` (None: no check) holds a NaN or an inf. The
         caller then takes the general path, which names the problem. O(fields)
-        for one row.
+        for one row. ``block``: the rows of the vector steps most adds bring (see
+        :meth:`block_columns`; 0: none).
         """
+        return self._with_reward_check(reward, _put_source, "put", block)
+
+    def exact_putter(
+        self, reward: str | None, block: int = 0
+    ) -> Callable[[int, list[Any], int], bool]:
+        """``put_exact(start, values, rows)``: :meth:`write` of values a caller has
+        matched itself (see :meth:`write`), after the test that the field ``reward``
+        (None: no test) holds no NaN or inf; whether it stored them (False:
+        nothing stored, a reward refused). O(fields) for one row. ``block``: as
+        :meth:`putter`'s."""
+        return self._with_reward_check(reward, _exact_put_source, "put_exact", block)
+
+    def block_columns(self, block: int) -> dict[str, np.ndarray]:
+        """The columns as views of shape ``(capacity // block, block, *shape)``
+        (``BLOCKi``), where a vector step of ``block`` rows from a slot that is a
+        multiple of ``block`` is stored by one integer index; empty where
+        ``block`` < 2 or does not divide the capacity (no such views)."""
+        if block < 2 or self.capacity % block:
+            return {}
+        out = {}
+        for i, col in enumerate(self.columns):
+            view = col.reshape(self.capacity // block, block, *col.shape[1:])
+            if not np.may_share_memory(view, col):  # (splitting an axis never copies)
+                raise AssertionError("a block view of a column must be a view")
+            out[f"BLOCK{i}"] = view
+        return out
+
+    def _with_reward_check(
+        self, reward: str | None, source: Callable[..., str], name: str, block: int
+    ) -> Any:
+        """The function ``name`` of ``source(entries, long_runs, reward's index,
+        block)``, specialised for these columns (:meth:`putter`, :meth:`exact_putter`)."""
         if not self.columns:
             raise TypeError("a matcher only: no columns to write")
         if reward is not None and reward not in self.names:
             raise ValueError(f"no field {reward!r} to check rewards in; fields: {list(self.names)}")
         index = None if reward is None else self.names.index(reward)
+        blocks = self.block_columns(block)
         constants = {
-            **self._constants, "ISFINITE": math.isfinite, "FLOATS_FINITE": floats_finite,
-            "REWARDS_FINITE": rewards_finite,
+            **self._constants, **blocks, "ISFINITE": math.isfinite,
+            "FLOATS_FINITE": floats_finite, "REWARDS_FINITE": rewards_finite,
         }  # fmt: skip
-        source = _put_source(self.entries, self._long_runs, index)
-        (put,) = specialise("DirectRows.put", source, constants, "put")
-        return put
+        text = source(self.entries, self._long_runs, index, block if blocks else 0)
+        (made,) = specialise(f"DirectRows.{name}", text, constants, name)
+        return made
 
     def __reduce__(self) -> Any:
         # its functions write into the columns they were made for: a copy would too
@@ -564,10 +605,16 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_lines(entries: tuple[tuple[Any, ...], ...], refuse: str) -> list[str]:
+def _check_lines(
+    entries: tuple[tuple[Any, ...], ...], refuse: str, vector_first: bool = True
+) -> list[str]:
     """The body of :attr:`DirectRows.match`'s checks (see :func:`_match_source`), up
     to its answer: on success the values are ``v0, v1, ..`` and the count is
-    ``rows``; on failure the code returns ``refuse``."""
+    ``rows``; on failure the code returns ``refuse``.
+
+    ``vector_first``: a vector env's step of the fields' own dtypes and shapes
+    (:func:`_vector_terms`) is told first, in one expression, and skips the checks
+    value by value (the same rules); False: the caller has tested it already."""
     lines = [
         f"    if len(transition) != {len(entries)}:",
         "        return None",
@@ -576,6 +623,44 @@ def _check_lines(entries: tuple[tuple[Any, ...], ...], refuse: str) -> list[str]
         "    except KeyError:",
         "        return None",
     ]
+    checks = _value_check_lines(entries)
+    if vector_first:
+        terms = _vector_terms(entries)
+        lines += ["    if not (", *_joined(terms, "        "), "    ):"]
+        checks = ["    " + line for line in checks]
+    lines += checks
+    if refuse != "None":
+        lines = [line.replace("return None", f"return {refuse}") for line in lines]
+    return lines
+
+
+def _joined(terms: list[str], indent: str) -> list[str]:
+    """``terms`` as the lines of one ``and`` expression (inside brackets)."""
+    return [*(f"{indent}{t} and" for t in terms[:-1]), f"{indent}{terms[-1]}"]
+
+
+def _vector_terms(entries: tuple[tuple[Any, ...], ...]) -> list[str]:
+    """The test that values ``v0, v1, ..`` are a vector env's step: every value an
+    array of its field's own dtype and shape with the same leading count
+    ``rows`` (set by the test) of at least 2 and at most ``cap``. Scalar fields
+    are tested first, so that one transition (whose scalars are no arrays)
+    fails at the first term."""
+    order = sorted(range(len(entries)), key=lambda i: len(entries[i][1]))
+    terms: list[str] = []
+    for j, i in enumerate(order):
+        shape, v = entries[i][1], f"v{i}"
+        terms += [f"type({v}) is ndarray", f"{v}.dtype is DTYPE{i}", f"{v}.ndim == {len(shape) + 1}"]
+        terms.append(f"1 < (rows := len({v})) <= cap" if j == 0 else f"len({v}) == rows")
+        if len(shape) == 1:
+            terms.append(f"{v}.size == {shape[0]} * rows")
+        elif shape:
+            terms.append(f"{v}.shape[1:] == SHAPE{i}")
+    return terms
+
+
+def _value_check_lines(entries: tuple[tuple[Any, ...], ...]) -> list[str]:
+    """:func:`_check_lines`'s checks value by value (they return None on failure)."""
+    lines: list[str] = []
     for i, (_, shape, _, _, _, kind, _, _, dtype) in enumerate(entries):
         v = f"v{i}"
         lines += [
@@ -624,8 +709,6 @@ def _check_lines(entries: tuple[tuple[Any, ...], ...], refuse: str) -> list[str]
             lines.append("    rows = r")
         else:
             lines += ["    if r != rows:", "        return None"]
-    if refuse != "None":
-        lines = [line.replace("return None", f"return {refuse}") for line in lines]
     return lines
 
 
@@ -691,10 +774,11 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_lines(count: int, long_runs: tuple[bool, ...]) -> list[str]:
+def _write_lines(count: int, long_runs: tuple[bool, ...], block: int = 0) -> list[str]:
     """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` of count ``k``
     (-1: one transition) into the columns from slot ``start``, one branch per kind
-    of count (:func:`_store_body`)."""
+    of count (:func:`_store_body`); ``block`` > 1: a branch for ``block`` rows from a
+    slot that is a multiple of it (:func:`_block_lines`)."""
     v: list[str | None] = [f"v{i}" for i in range(count)]
 
     def branch(kind: int | str) -> list[str]:
@@ -705,6 +789,8 @@ def _write_lines(count: int, long_runs: tuple[bool, ...]) -> list[str]:
         "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
     )
     lines += branch(1)
+    if block > 1:
+        lines += ["    el" + x[4:] if j == 0 else x for j, x in enumerate(_block_lines(count, v, block, "k"))]
     if not any(long_runs):
         return [*lines, "    else:", *branch("run")]
     lines += [f"    elif k < {_ITEM_ROWS}:", *branch("run")]
@@ -733,44 +819,119 @@ def _store_body(
     return lines
 
 
+def _block_lines(count: int, values: Sequence[str | None], block: int, k: str) -> list[str]:
+    """A branch for ``block`` rows stored from a slot that is a multiple of ``block``
+    (a vector env's steps, one after another), indented for a function's body:
+    each into the column viewed as blocks of that many rows (``BLOCKi``, see
+    :meth:`DirectRows.block_columns`), by one integer index, which costs less
+    than a slice. ``k``: the count's expression ("": ``block`` rows are stored)."""
+    test = f"{k} == {block} and not start % {block}" if k else f"not start % {block}"
+    lines = [f"    if {test}:", f"        b = start // {block}"]
+    lines += [f"        BLOCK{i}[b] = {x}" for i, x in enumerate(values) if x is not None]
+    return lines
+
+
 def _put_source(
-    entries: tuple[tuple[Any, ...], ...], long_runs: tuple[bool, ...], reward: int | None
-) -> str:
+    entries: tuple[tuple[Any, ...], ...], long_runs: tuple[bool, ...], reward: int | None,
+    block: int = 0,
+) -> str:  # fmt: skip
     """The source of :meth:`DirectRows.putter`'s function: :attr:`DirectRows.match`'s
     checks, the rows' room before the ring's end, the reward field's finiteness
     (field ``reward``; None: unchecked), then :attr:`DirectRows.write`'s stores.
     Nothing is stored before every check has passed."""
-    lines = ["def put(transition, start):", *_check_lines(entries, "0")]
-    lines += ["    n = 1 if rows == -1 else rows", "    if start + n > cap:", "        return 0"]
-    if reward is not None:
-        v = f"v{reward}"
-        lines += [
-            f"    t = type({v})",
-            "    if t is float:",
-            f"        if not ISFINITE({v}):",
-            "            return 0",
-            "    elif t is ndarray:",
-        ]
-        dtype = entries[reward][8]
-        if not entries[reward][1] and dtype.kind == "f" and dtype.itemsize <= 8:
-            # a vector env's step of the field's own dtype: its rewards as Python floats
-            lines += [
-                f"        if 1 < rows <= 8 and {v}.dtype is DTYPE{reward}:",
-                f"            s = {v}.tolist()",  # (their sum first: FLOATS_FINITE's own test)
-                "            if not (ISFINITE(sum(s)) or FLOATS_FINITE(s)):",
-                "                return 0",
-                f"        elif not REWARDS_FINITE({v}):",
-                "            return 0",
-            ]
-        else:
-            lines += [f"        if not REWARDS_FINITE({v}):", "            return 0"]
-        lines += [
-            "    elif t is not int and t is not bool:  # a numpy scalar of the field's dtype",
-            f"        if not ISFINITE({v}):",
-            "            return 0",
-        ]
-    lines += ["    k = rows", *_write_lines(len(entries), long_runs), "    return n"]
+    checks = _check_lines(entries, "0", vector_first=False)
+    read = len(entries) + 5  # (the length test, the values read from the dict)
+    lines = ["def put(transition, start):", *checks[:read]]
+    lines += _vector_arm(entries, long_runs, reward, block)
+    lines += [*checks[read:], "    n = 1 if rows == -1 else rows", "    if start + n > cap:", "        return 0"]
+    lines += _reward_lines(entries, reward, "0")
+    lines += ["    k = rows", *_write_lines(len(entries), long_runs, block), "    return n"]
     return "\n".join(lines) + "\n"
+
+
+def _exact_put_source(
+    entries: tuple[tuple[Any, ...], ...], long_runs: tuple[bool, ...], reward: int | None,
+    block: int = 0,
+) -> str:  # fmt: skip
+    """The source of :meth:`DirectRows.exact_putter`'s function: the reward field's
+    finiteness (field ``reward``; None: unchecked), then :attr:`DirectRows.write`'s
+    stores; nothing stored where a reward is refused."""
+    values = ", ".join(f"v{i}" for i in range(len(entries)))
+    lines = ["def put_exact(start, values, rows):", f"    {values}, = values"]
+    lines += _reward_lines(entries, reward, "False")
+    lines += ["    k = rows", *_write_lines(len(entries), long_runs, block), "    return True"]
+    return "\n".join(lines) + "\n"
+
+
+def _reward_lines(entries: tuple[tuple[Any, ...], ...], reward: int | None, refuse: str) -> list[str]:
+    """The test that the value ``v{reward}`` of ``rows`` rows (-1: one transition) holds
+    only finite rewards, returning ``refuse`` where not (``reward`` None: no lines).
+    O(1) for one value or a vector env's step (at most 8 rows)."""
+    if reward is None:
+        return []
+    v = f"v{reward}"
+    lines = [
+        f"    t = type({v})",
+        "    if t is float:",
+        f"        if not ISFINITE({v}):",
+        f"            return {refuse}",
+        "    elif t is ndarray:",
+    ]
+    lines += ["        " + x for x in _array_reward_lines(entries, reward, refuse, exact=False)]
+    return [
+        *lines,
+        "    elif t is not int and t is not bool:  # a numpy scalar of the field's dtype",
+        f"        if not ISFINITE({v}):",
+        f"            return {refuse}",
+    ]
+
+
+def _array_reward_lines(
+    entries: tuple[tuple[Any, ...], ...], reward: int, refuse: str, exact: bool
+) -> list[str]:
+    """:func:`_reward_lines` for an array ``v{reward}`` of ``rows`` rows, unindented
+    (``exact``: an array of the field's own dtype with at least 2 rows). A vector
+    env's step of the field's own float dtype is read as Python floats: their sum
+    first (``x - x`` is NaN unless ``x`` is finite), each value only where it is
+    not; anything else takes ``REWARDS_FINITE``."""
+    v, dtype = f"v{reward}", entries[reward][8]
+    if entries[reward][1] or dtype.kind != "f" or dtype.itemsize > 8:
+        return [f"if not REWARDS_FINITE({v}):", f"    return {refuse}"]
+    return [
+        "if rows <= 8:" if exact else f"if 1 < rows <= 8 and {v}.dtype is DTYPE{reward}:",
+        f"    s = {v}.tolist()",
+        "    x = sum(s)",
+        "    if x - x != 0.0 and not FLOATS_FINITE(s):",
+        f"        return {refuse}",
+        f"elif not REWARDS_FINITE({v}):",
+        f"    return {refuse}",
+    ]
+
+
+def _vector_arm(
+    entries: tuple[tuple[Any, ...], ...], long_runs: tuple[bool, ...], reward: int | None,
+    block: int = 0,
+) -> list[str]:  # fmt: skip
+    """The first test of :meth:`DirectRows.putter`'s function: a vector env's step
+    (:func:`_vector_terms`) checked in one expression, its rewards tested and its
+    rows stored; any other values fall through, untouched, to the checks value by
+    value (the same rules)."""
+    lines = ["    if (", *_joined(_vector_terms(entries), "        "), "    ):"]
+    lines += ["        if start + rows > cap:", "            return 0"]
+    if reward is not None and entries[reward][8].kind == "f":
+        lines += ["        " + x for x in _array_reward_lines(entries, reward, "0", exact=True)]
+    values: list[str | None] = [f"v{i}" for i in range(len(entries))]
+    if block > 1:
+        lines += ["    " + x for x in _block_lines(len(entries), values, block, "rows")]
+        lines += ["            return rows"]
+    if any(long_runs):
+        lines += [f"        if rows < {_ITEM_ROWS}:"]
+        lines += ["            " + x for x in _store_body(len(entries), long_runs, values, "run", "rows")]
+        lines += ["        else:"]
+        lines += ["            " + x for x in _store_body(len(entries), long_runs, values, "long", "rows")]
+    else:
+        lines += ["        " + x for x in _store_body(len(entries), long_runs, values, "run", "rows")]
+    return [*lines, "        return rows"]
 
 
 #: rows up to this many bytes are stored as records by default (see :class:`Storage`)

@@ -312,7 +312,8 @@ class _AnswersOnce(dict):  # type: ignore[type-arg]
 def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
     """The flags of a vector step are read by each info's own ``get``, once: dicts,
     other mappings (or dicts missing the key), a dict whose ``get`` is its own and
-    one whose ``get`` answers only once give the same columns."""
+    one whose ``get`` answers only once give the same columns, also where the
+    buffer declines the shortest add after the flags were read."""
     from collections import UserDict
 
     obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
@@ -322,9 +323,13 @@ def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
         "mapping": UserDict,
         "own get": lambda d: _TruncatedInfo(bool(d.get("TimeLimit.truncated", False))),
         "read once": _AnswersOnce,
+        "read once, general add": _AnswersOnce,
     }
     bufs = {k: PrioritizedReplayBuffer(32, obs_space, act_space, device="cpu", n_envs=3, seed=0)
             for k in kinds}  # fmt: skip
+    # a buffer not in its common state (a save in progress, ...) declines the shortest
+    # add: the flags already read go to the general one
+    bufs["read once, general add"].fastper_buffer._add_exact = lambda *args: False
     for step in range(20):
         obs = rng.standard_normal((3, 3)).astype(np.float32)
         nxt = rng.standard_normal((3, 3)).astype(np.float32)
@@ -337,12 +342,20 @@ def test_time_limit_flags_are_read_from_any_infos_of_a_vector_step() -> None:
                      for j, f in enumerate(flags)]  # fmt: skip
             bufs[kind].add(obs, nxt, action, reward, done, infos)
     a = bufs["dict"]
-    for other in ("mapping", "own get", "read once"):
+    for other in ("mapping", "own get", "read once", "read once, general add"):
         np.testing.assert_array_equal(a.timeouts, bufs[other].timeouts)
         np.testing.assert_array_equal(a.dones, bufs[other].dones)
     assert a.timeouts.any() and a.dones.any() and not a.timeouts.all()
     with pytest.raises(ValueError, match="one dict per env"):
         a.add(obs, nxt, action, reward, done, [{}, {}])
+    # flags of another shape are refused by name, however the infos answer
+    for make in (dict, _AnswersOnce):
+        infos = [make({"TimeLimit.truncated": np.array([True])}) for _ in range(3)]
+        size, flags = len(a.fastper_buffer), a.timeouts.copy()
+        with pytest.raises(ValueError, match="timeout"):
+            a.add(obs, nxt, action, reward, np.ones(3, bool), infos)
+        assert len(a.fastper_buffer) == size
+        np.testing.assert_array_equal(a.timeouts, flags)
 
 
 @pytest.mark.parametrize("n_envs", [1, 3])
@@ -359,7 +372,7 @@ def test_the_common_add_stores_and_refuses_what_the_general_add_does(
     obs_space, act_space = OBS_SPACES["box"], ACTION_SPACES["discrete"]
     fast = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
     slow = PrioritizedReplayBuffer(40, obs_space, act_space, **kw)
-    slow._plain_rows = None  # every add takes the general way
+    slow._plain_rows = slow._vector_exact = None  # every add takes the general way
     exact = fast.fastper_buffer._add_exact
     taken = []  # the adds that went the shortest way (arrays of the fields' dtypes)
 

@@ -530,12 +530,20 @@ def test_the_reward_check_finds_every_non_finite_value(dtype: Any, layout: str, 
             x.flags.writeable = False
         return x
 
-    from fastper.buffer_rows import _finite  # (the no-cast add's test of a vector step)
+    from fastper.storage import Storage
+
+    # the no-cast adds' own test (DirectRows.exact_putter: a vector step's rewards as
+    # Python floats), on the same values: the same answer, and nothing stored on a no
+    column = Storage({"reward": ((), dtype)}, 64)
+    put = column.direct_rows().exact_putter("reward")
 
     def both(x: np.ndarray) -> bool:
         a = rewards_finite(shaped(x))
         if layout == "flat":
-            assert _finite(x) is a, x
+            column.columns["reward"][:] = 7
+            assert put(0, [x], x.shape[0]) is a, x
+            stored = column.columns["reward"][: x.shape[0]]
+            np.testing.assert_array_equal(stored, x if a else np.full(x.shape[0], 7, dtype=dtype))
         return a
 
     base = np.tile(np.array([0.5, -big, big, 1.0, -0.0, 3.0], dtype=dtype), copies)
@@ -571,7 +579,7 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
     specials = [0, 1, -1, 2, 0.5, -0.0, 1e300, -1e300, 2**53 + 1, 2**63, -(2**63) - 1,
                 float("nan"), float("inf"), 65504.0, 70000.0, 255, 256, -129, True, False]  # fmt: skip
 
-    def value(shape: tuple[int, ...], rows: int) -> Any:
+    def value(shape: tuple[int, ...], rows: int, own: np.dtype[Any]) -> Any:
         kind = int(rng.integers(0, 4))
         if kind == 0 and shape == ():  # a Python or numpy scalar
             v = specials[int(rng.integers(0, len(specials)))]
@@ -583,13 +591,14 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
         lead = () if rows == -1 else (rows,)
         if kind == 1 and rng.random() < 0.5:  # a shape that may be wrong
             lead = (int(rng.integers(1, 3)),)
-        code = codes[int(rng.integers(0, len(codes)))]
+        # the field's own dtype half the time (a vector step of them: the store's first test)
+        code = own.char if rng.random() < 0.5 else codes[int(rng.integers(0, len(codes)))]
         full = (*lead, *shape)
         with np.errstate(all="ignore"):
             raw = rng.choice(np.array(specials[:10], dtype=np.float64), size=full)
             return raw.astype(code)
 
-    accepted = refused = nonfinite = 0
+    accepted = refused = nonfinite = vectors = 0
     for trial in range(600):
         n = int(rng.integers(1, 4))
         fields = {f"f{i}": (shapes[int(rng.integers(0, 4))], np.dtype(codes[int(rng.integers(0, len(codes)))]))
@@ -600,7 +609,11 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
         reward = floats[int(rng.integers(0, len(floats)))] if floats and rng.random() < 0.8 else None
         put = putting.direct_rows().putter(reward)
         want = [-1, 1, 3][int(rng.integers(0, 3))]
-        transition = {name: value(shape, want) for name, (shape, _) in fields.items()}
+        transition = {name: value(shape, want, dt) for name, (shape, dt) in fields.items()}
+        vector = want == 3 and all(
+            type(v) is np.ndarray and v.dtype is fields[name][1] and v.shape == (3, *fields[name][0])
+            for name, v in transition.items()
+        )
         if reward is not None and rng.random() < 0.15:  # a NaN or inf reward among finite ones
             shape, dtype = fields[reward]
             bad = np.zeros((*(() if want == -1 else (want,)), *shape), dtype)
@@ -636,8 +649,10 @@ def test_the_specialised_matcher_stores_what_the_general_cast_stores_and_no_more
         for name in fields:
             a, b = general.columns[name], putting.columns[name]
             assert a.tobytes() == b.tobytes(), (trial, name, transition[name])
-    # both outcomes are exercised, and refused rewards
+        vectors += vector
+    # both outcomes are exercised, refused rewards, and vector steps of the fields' dtypes
     assert accepted > 50 and refused > 50 and nonfinite > 5, (accepted, refused, nonfinite)
+    assert vectors > 20, vectors
 
 
 def _untouched(storage: Any) -> bool:
@@ -910,13 +925,17 @@ def test_rows_a_front_end_built_are_stored_only_where_they_fit_before_the_ring_e
     for t in range(3):
         values = [np.full((3, 3), t, np.float32), np.full(3, t), np.full(3, 0.5, np.float32),
                   np.zeros(3, bool)]  # fmt: skip
-        assert buf._add_exact(values, 3, values[2], names)
+        assert buf._add_exact(values, 3, names)
     before = buf.state_dict()
-    assert not buf._add_exact(values, 3, values[2], names)  # slots 9, 0, 1: it would wrap
+    assert not buf._add_exact(values, 3, names)  # slots 9, 0, 1: it would wrap
     _same_state(buf.state_dict(), before)
-    assert buf._add_exact([values[0][0], 1, 0.5, True], -1, 0.5, names)  # one row fits
-    assert not buf._add_exact([values[0][0], 1, float("nan"), True], -1, float("nan"), names)
-    assert not buf._add_exact(values, 3, values[2], names[::-1])  # another field order
+    assert buf._add_exact([values[0][0], 1, 0.5, True], -1, names)  # one row fits
+    assert not buf._add_exact([values[0][0], 1, float("nan"), True], -1, names)
+    before = buf.state_dict()  # a vector step with an inf reward: refused whole
+    inf_step = [values[0], values[1], np.array([0.5, 0.5, -np.inf], np.float32), values[3]]
+    assert not buf._add_exact(inf_step, 3, names)
+    _same_state(buf.state_dict(), before)
+    assert not buf._add_exact(values, 3, names[::-1])  # another field order
     assert len(buf) == 10 and buf.storage.columns["done"][9] == 1.0
 
 
@@ -1000,3 +1019,112 @@ def test_store_lines_take_one_expression_per_column() -> None:
     lines = rows.store_lines(["v0", None, "v2", None, "v4", "v5"], 4)
     assert not any("COL1" in line or "COL3" in line for line in lines)
     assert sum("COL" in line for line in lines) == 4
+
+
+@pytest.mark.parametrize("layout", ["records", "columns"])
+def test_vector_steps_stored_by_blocks_are_the_rows_stored_by_slices(layout: str) -> None:
+    """The no-cast stores made for vector steps of ``block`` rows (one integer index
+    per field into the columns viewed as blocks, where the step starts at a multiple
+    of ``block``) store the bits the slice stores do, at every start, aligned or
+    not, and for other row counts beside them; a refused reward stores nothing."""
+    from fastper.storage import Storage
+
+    fields = {"obs": ((3,), np.float32), "img": ((2, 2), np.uint8), "action": ((), np.int64),
+              "reward": ((), np.float32), "done": ((), np.bool_)}  # fmt: skip
+    rng = np.random.default_rng(5)
+
+    def step(rows: int) -> dict[str, np.ndarray]:
+        return {name: (rng.standard_normal((rows, *shape)) * 50).astype(dtype)
+                for name, (shape, dtype) in fields.items()}  # fmt: skip
+
+    cap = 12
+    for block in (2, 3, 4):
+        made = {kind: Storage(fields, cap, layout=layout) for kind in ("put", "exact", "slices")}
+        assert made["put"].direct_rows().block_columns(block)  # the views exist
+        put = made["put"].direct_rows().putter("reward", block)
+        exact = made["exact"].direct_rows().exact_putter("reward", block)
+        plain = made["slices"].direct_rows().putter("reward")
+        names = tuple(fields)
+        for rows in (block, block + 1, 2):
+            for start in range(cap - rows + 1):
+                t = step(rows)
+                assert put(t, start) == rows == plain(t, start), (block, rows, start)
+                assert exact(start, [t[n] for n in names], rows), (block, rows, start)
+                for name in fields:
+                    want = made["slices"].columns[name].tobytes()
+                    assert made["put"].columns[name].tobytes() == want, (block, rows, start, name)
+                    assert made["exact"].columns[name].tobytes() == want, (block, rows, start, name)
+        bad = step(block)
+        bad["reward"][-1] = np.nan
+        before = {n: c.copy() for n, c in made["put"].columns.items()}
+        assert put(bad, 0) == 0 and not exact(0, [bad[n] for n in names], block)
+        for name in fields:
+            assert made["put"].columns[name].tobytes() == before[name].tobytes(), name
+            assert made["exact"].columns[name].tobytes() == made["slices"].columns[name].tobytes()
+    # a block that does not divide the capacity: no views, the slices
+    assert Storage(fields, cap, layout=layout).direct_rows().block_columns(5) == {}
+
+
+def test_a_buffer_learns_the_size_of_its_vector_steps_and_stores_the_same_rows() -> None:
+    """A buffer's first vector step of at most BLOCK_ROWS_MAX rows sets the size its
+    no-cast stores take by blocks; a buffer that never learns it (the slices)
+    holds the same state after the same adds (vector steps, single rows that
+    shift the ring off the blocks' alignment, wraps, a refused reward)."""
+    from fastper.buffer_rows import BLOCK_ROWS_MAX
+
+    fields = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+              "done": ((), np.float32)}  # fmt: skip
+    learns = PrioritizedReplayBuffer(16, fields, seed=0)
+    slices = PrioritizedReplayBuffer(16, fields, seed=0)
+    slices._learn_block = lambda rows: None  # type: ignore[method-assign]
+    rng = np.random.default_rng(8)
+    big = {n: np.zeros((BLOCK_ROWS_MAX + 1, *s), d) for n, (s, d) in fields.items()}
+    with pytest.raises(ValueError):  # more rows than the capacity: refused, nothing learnt
+        learns.add(big)
+    assert learns._block_rows is None
+    wide = PrioritizedReplayBuffer(4 * BLOCK_ROWS_MAX, fields, seed=0)
+    wide.add(big)  # a batch larger than a vector step: stored, and decides nothing
+    assert wide._block_rows is None
+    wide.add({n: v[:3] for n, v in big.items()})
+    assert wide._block_rows == 3
+    for t in range(40):
+        rows = 4 if t % 7 else 1
+        step = {n: rng.standard_normal((rows, *s)).astype(d) for n, (s, d) in fields.items()}
+        if t == 20:
+            step["reward"][2] = np.inf
+            for buf in (learns, slices):
+                with pytest.raises(ValueError, match="finite"):
+                    buf.add(step)
+            continue
+        np.testing.assert_array_equal(learns.add(step), slices.add(step))
+    assert learns._block_rows == 4 and slices._block_rows is None
+    _same_state(learns.state_dict(), slices.state_dict())
+
+
+def test_the_stores_made_again_for_blocks_are_made_before_an_add_stores_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first vector step is committed, then the next add makes the stores with
+    blocks before it stores anything: where making them fails (out of memory), the
+    buffer is as it was, and an add after it stores the step."""
+    from fastper.storage import DirectRows
+
+    made = DirectRows.putter
+
+    def interrupted(self: Any, reward: Any, block: int = 0) -> Any:
+        if block:
+            raise MemoryError
+        return made(self, reward, block)
+
+    monkeypatch.setattr(DirectRows, "putter", interrupted)
+    fields = {"obs": ((2,), np.float32), "reward": ((), np.float32)}
+    buf = PrioritizedReplayBuffer(4, fields, seed=0)
+    step = {"obs": np.ones((4, 2), np.float32), "reward": np.ones(4, np.float32)}
+    np.testing.assert_array_equal(buf.add(step), [0, 1, 2, 3])  # full: the next overwrites
+    assert buf._block_rows == 4
+    before = buf.state_dict()
+    with pytest.raises(MemoryError):
+        buf.add({"obs": np.full((4, 2), 7, np.float32), "reward": np.ones(4, np.float32)})
+    _same_state(buf.state_dict(), before)
+    monkeypatch.setattr(DirectRows, "putter", made)
+    np.testing.assert_array_equal(buf.add(step), [0, 1, 2, 3])

@@ -157,6 +157,8 @@ _FLOAT32 = np.dtype(np.float32)
 #: hands their values to the storage (a loaded file may hold them in another)
 _SB3_ORDER = ("obs", "action", "reward", "next_obs", "done", "timeout")
 _ONE = (1,)
+#: the index that makes a flat (n_envs,) array of actions a column (n_envs, 1)
+_COLUMN = (slice(None), None)
 
 
 def _rows(name: str, value: Any, want: tuple[int, ...]) -> np.ndarray:
@@ -385,6 +387,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             assert tuple(fields) == _SB3_ORDER
         # one-dimensional actions SB3's algorithms pass (DQN: Discrete as (n_envs,))
         self._flat_actions = (n_envs,) if self.action_dim == 1 else None
+        # what add()'s first test checks a vector step of the stored dtypes against:
+        # (obs rows, obs dtype, action dtype, action rows, flat action rows, (n_envs,))
+        self._vector_exact = (
+            (self._plain_rows, self._obs_dtype, self._action_dtype, self._action_rows,
+             self._flat_actions, self._n_rows)
+            if self._exact_order and n_envs > 1
+            else None
+        )  # fmt: skip
 
     @staticmethod
     def _norm_arg(scheme: str, weight_norm: str) -> dict[str, str]:
@@ -647,6 +657,60 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ValueError, TypeError: arrays of the wrong size or dtype, ``infos``
                 of the wrong length; the buffer is left unchanged.
         """
+        vector = self._vector_exact
+        if (
+            vector is not None
+            and type(obs) is _NDARRAY
+            and type(next_obs) is _NDARRAY
+            and type(action) is _NDARRAY
+            and type(reward) is _NDARRAY
+            and type(done) is _NDARRAY
+        ):
+            # The most frequent vector step, first: arrays of the stored dtypes and of
+            # exactly the shapes SB3's VecEnv gives (the actions also flat, as SB3's DQN
+            # passes Discrete ones), bool dones, no env at its time limit. The values
+            # go to the storage in its field order, with no dict and no per-field
+            # match. Anything else takes the ways below, which store the same rows.
+            plain, obs_dtype, action_dtype, action_rows, flat, n_rows = vector
+            if (
+                obs.dtype is obs_dtype
+                and next_obs.dtype is obs_dtype
+                and action.dtype is action_dtype
+                and reward.dtype is _FLOAT32
+                and done.dtype is _BOOL
+                and obs.shape == plain
+                and next_obs.shape == plain
+                and reward.shape == n_rows
+                and done.shape == n_rows
+                and ((acts := action.shape) == action_rows or acts == flat)
+            ):
+                timeouts: np.ndarray | None = self._no_timeouts
+                if self.handle_timeout_termination:
+                    if len(infos) != n_rows[0]:
+                        timeouts = None  # (refused below, by name)
+                    else:
+                        # (_timeouts without its call or its list while every env
+                        # answers False, as on most steps; each info is read once)
+                        i = 0
+                        for info in infos:
+                            flag = info.get("TimeLimit.truncated", False)
+                            if flag is not False:
+                                timeouts = self._timeouts_from(infos, i, flag)
+                                break
+                            i += 1
+                if timeouts is not None:
+                    if acts != action_rows:
+                        action = action[_COLUMN]  # (n_envs,) -> (n_envs, 1), a view
+                    values: list[Any] = [obs, action, reward, next_obs, done, timeouts]
+                    if timeouts.shape != n_rows or not self._buffer._add_exact(
+                        values, n_rows[0], _SB3_ORDER
+                    ):
+                        # (flags of another shape, which the general add refuses by
+                        # name, or a buffer not in its common state: the general add,
+                        # with the flags read above, as each info is read once)
+                        row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
+                        self._add_rows(row, done, infos, timeouts)
+                    return
         plain = self._plain_rows
         n_rows = self._n_rows
         if (
@@ -665,19 +729,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             and done.shape == n_rows
             and (not self.handle_timeout_termination or len(infos) == self.n_envs)
         ):
-            # The most frequent call: arrays of exactly the shapes SB3's VecEnv gives
-            # (one-dimensional actions: SB3's DQN passes Discrete actions as (n_envs,)),
-            # bool dones. The rows, and the values refused, are the general way's below.
-            # Arrays of the fields' own dtypes too (one-step buffers): the values go to
-            # the storage in its field order, with no dict and no per-field match.
-            exact = (
-                self._exact_order
-                and obs.dtype is self._obs_dtype
-                and next_obs.dtype is self._obs_dtype
-                and action.dtype is self._action_dtype
-                and rewards is _FLOAT32
-            )
+            # Arrays of exactly the shapes SB3's VecEnv gives (one-dimensional actions:
+            # SB3's DQN passes Discrete actions as (n_envs,)), bool dones. The rows, and
+            # the values refused, are the general way's below.
             if n_rows == _ONE:  # one env: one transition of its values, the cheapest add
+                # Arrays of the fields' own dtypes (one-step buffers): the values go to
+                # the storage in its field order, with no dict and no per-field match.
+                exact = (
+                    self._exact_order
+                    and obs.dtype is self._obs_dtype
+                    and next_obs.dtype is self._obs_dtype
+                    and action.dtype is self._action_dtype
+                    and rewards is _FLOAT32
+                )
                 flag = done.item()
                 timeout = self.handle_timeout_termination and bool(
                     infos[0].get("TimeLimit.truncated", False)
@@ -687,7 +751,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 if exact:
                     r = reward.item()
                     values = [obs[0], act, r, next_obs[0], flag, timeout]
-                    if self._buffer._add_exact(values, -1, r, _SB3_ORDER):
+                    if self._buffer._add_exact(values, -1, _SB3_ORDER):
                         return
                 one_row: dict[str, Any] = {
                     "obs": obs[0], "next_obs": next_obs[0], "action": act,
@@ -703,24 +767,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 return
             if acts != self._action_rows:  # flat: one action per env
                 action = action.reshape(self._action_rows)
-            if exact:  # a vector step, one row per env
-                timeouts = self._no_timeouts
-                if self.handle_timeout_termination:
-                    # (_timeouts without its call or its list while every env answers
-                    # False, as on most steps; each info is read once; len(infos) ==
-                    # n_envs was checked above)
-                    i = 0
-                    for info in infos:
-                        flag = info.get("TimeLimit.truncated", False)
-                        if flag is not False:
-                            timeouts = self._timeouts_from(infos, i, flag)
-                            break
-                        i += 1
-                values = [obs, action, reward, next_obs, done, timeouts]
-                if (  # (flags of another shape: the general way refuses them)
-                    timeouts is self._no_timeouts or timeouts.shape == n_rows
-                ) and self._buffer._add_exact(values, self.n_envs, reward, _SB3_ORDER):
-                    return
             row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
             self._add_rows(row, done, infos)
             return
@@ -735,10 +781,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             done_arr = done_arr != 0
         self._add_rows(row, done_arr, infos)
 
-    def _add_rows(self, row: dict[str, Any], done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+    def _add_rows(
+        self, row: dict[str, Any], done: np.ndarray, infos: list[dict[str, Any]],
+        timeouts: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
         """Add ``row`` (the observations, actions and rewards, checked) with the flags
-        made of ``done`` (bool, one per env) and ``infos``."""
-        timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
+        made of ``done`` (bool, one per env) and ``infos`` (or ``timeouts``, the
+        time-limit flags already read from them)."""
+        if timeouts is None:
+            timeouts = self._timeouts(infos) if self.handle_timeout_termination else self._no_timeouts
         if self.n_steps == 1:
             row["done"] = done  # bool flags: stored in the float32 columns as 0 / 1
             row["timeout"] = timeouts
