@@ -478,10 +478,11 @@ class DirectRows:
         kind: int | str = k  # the branch write takes for k
         if k not in (-1, 1):
             kind = "long" if k >= _ITEM_ROWS and any(self._long_runs) else "run"
-        body = ["    " + line for line in _store_body(len(self.columns), self._long_runs, values, kind, str(k))]
+        body = _store_body(len(self.columns), self._long_runs, values, kind, str(k))
         if blocks and kind == "run" and self.block_columns(k):
-            return [*_block_lines(len(self.columns), values, k, ""), "    else:", *("    " + x for x in body)]
-        return body
+            test, by_block = _block_lines(values, k, "")
+            body = [f"if {test}:", *("    " + x for x in by_block), "else:", *("    " + x for x in body)]
+        return ["    " + line for line in body]
 
     def putter(self, reward: str | None, block: int = 0) -> Callable[[dict[str, Any], int], int]:
         """``put(transition, start)``: :meth:`match` and :meth:`write` in one call, for
@@ -777,25 +778,15 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
 def _write_lines(count: int, long_runs: tuple[bool, ...], block: int = 0) -> list[str]:
     """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` of count ``k``
     (-1: one transition) into the columns from slot ``start``, one branch per kind
-    of count (:func:`_store_body`); ``block`` > 1: a branch for ``block`` rows from a
-    slot that is a multiple of it (:func:`_block_lines`)."""
+    of count (:func:`_store_body`; several rows: :func:`_rows_lines`, with its
+    branch for ``block`` rows where ``block`` > 1)."""
     v: list[str | None] = [f"v{i}" for i in range(count)]
-
-    def branch(kind: int | str) -> list[str]:
-        return ["        " + line for line in _store_body(count, long_runs, v, kind, "k")]
-
-    lines = ["    if k == -1:", *branch(-1)]
+    lines = ["    if k == -1:", *("        " + x for x in _store_body(count, long_runs, v, -1, "k"))]
     lines.append(
         "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
     )
-    lines += branch(1)
-    if block > 1:
-        lines += ["    el" + x[4:] if j == 0 else x for j, x in enumerate(_block_lines(count, v, block, "k"))]
-    if not any(long_runs):
-        return [*lines, "    else:", *branch("run")]
-    lines += [f"    elif k < {_ITEM_ROWS}:", *branch("run")]
-    lines += ["    else:  # a long run: the storage's own copy where it has one", *branch("long")]
-    return lines
+    lines += ["        " + x for x in _store_body(count, long_runs, v, 1, "k")]
+    return [*lines, "    else:", *("        " + x for x in _rows_lines(count, long_runs, v, block, "k"))]
 
 
 def _store_body(
@@ -819,16 +810,41 @@ def _store_body(
     return lines
 
 
-def _block_lines(count: int, values: Sequence[str | None], block: int, k: str) -> list[str]:
-    """A branch for ``block`` rows stored from a slot that is a multiple of ``block``
-    (a vector env's steps, one after another), indented for a function's body:
-    each into the column viewed as blocks of that many rows (``BLOCKi``, see
-    :meth:`DirectRows.block_columns`), by one integer index, which costs less
-    than a slice. ``k``: the count's expression ("": ``block`` rows are stored)."""
+def _block_lines(
+    values: Sequence[str | None], block: int, k: str
+) -> tuple[str, list[str]]:
+    """The test and the stores (unindented) of a branch for ``block`` rows stored
+    from a slot that is a multiple of ``block`` (a vector env's steps, one after
+    another): each into the column viewed as blocks of that many rows
+    (``BLOCKi``, see :meth:`DirectRows.block_columns`), by one integer index,
+    which costs less than a slice. ``k``: the count's expression ("": ``block``
+    rows are stored)."""
     test = f"{k} == {block} and not start % {block}" if k else f"not start % {block}"
-    lines = [f"    if {test}:", f"        b = start // {block}"]
-    lines += [f"        BLOCK{i}[b] = {x}" for i, x in enumerate(values) if x is not None]
-    return lines
+    body = [f"b = start // {block}"]
+    body += [f"BLOCK{i}[b] = {x}" for i, x in enumerate(values) if x is not None]
+    return test, body
+
+
+def _rows_lines(
+    count: int, long_runs: tuple[bool, ...], values: Sequence[str | None], block: int, k: str
+) -> list[str]:
+    """The stores of ``k`` rows (an expression; at least 2), unindented: by blocks
+    where ``block`` > 1 (:func:`_block_lines`), as a long run through the columns'
+    writers where a column has one and ``k`` reaches :data:`_ITEM_ROWS`, else
+    by slices (:func:`_store_body`)."""
+    branches = []
+    if block > 1:
+        branches.append(_block_lines(values, block, k))
+    last = _store_body(count, long_runs, values, "run", k)
+    if any(long_runs):
+        branches.append((f"{k} < {_ITEM_ROWS}", last))
+        last = _store_body(count, long_runs, values, "long", k)
+    lines = []
+    for j, (test, body) in enumerate(branches):
+        lines += [f"{'el' if j else ''}if {test}:", *("    " + x for x in body)]
+    if not branches:
+        return last
+    return [*lines, "else:", *("    " + x for x in last)]
 
 
 def _put_source(
@@ -921,16 +937,7 @@ def _vector_arm(
     if reward is not None and entries[reward][8].kind == "f":
         lines += ["        " + x for x in _array_reward_lines(entries, reward, "0", exact=True)]
     values: list[str | None] = [f"v{i}" for i in range(len(entries))]
-    if block > 1:
-        lines += ["    " + x for x in _block_lines(len(entries), values, block, "rows")]
-        lines += ["            return rows"]
-    if any(long_runs):
-        lines += [f"        if rows < {_ITEM_ROWS}:"]
-        lines += ["            " + x for x in _store_body(len(entries), long_runs, values, "run", "rows")]
-        lines += ["        else:"]
-        lines += ["            " + x for x in _store_body(len(entries), long_runs, values, "long", "rows")]
-    else:
-        lines += ["        " + x for x in _store_body(len(entries), long_runs, values, "run", "rows")]
+    lines += ["        " + x for x in _rows_lines(len(entries), long_runs, values, block, "rows")]
     return [*lines, "        return rows"]
 
 
