@@ -6,7 +6,9 @@ The same proportional buffer (CartPole-like 48-byte rows, B = 256) built on
 ``Storage(fields, capacity, layout="records")`` and on ``layout="columns"``,
 timed in interleaved rounds: the learner step (``sample(256)`` +
 ``update_priorities``) on a full buffer at several capacities, and adds of
-1, 64, 256 and 1024 rows at a time. Each figure is the median over rounds of
+1, 64, 256 and 1024 rows at a time. Then the same rows with a bool ``done``
+flag (45 bytes of fields, in a 48-byte record: the default layout takes
+records where the padding is at most 1/8 of the record). Each figure is the median over rounds of
 the round's median (learner step) or mean (adds) per call; the ratio is the
 median over rounds of records / columns in the same round (its range in
 brackets): below 1, records are faster.
@@ -26,23 +28,25 @@ import numpy as np
 
 FIELDS = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
           "next_obs": ((4,), np.float32), "done": ((), np.float32)}  # fmt: skip
+BOOL_FIELDS = {**FIELDS, "done": ((), np.bool_)}  # 45 bytes: a record pads them to 48
 LAYOUTS = ("columns", "records")
 B = 256
 
 
-def _rows(rng: np.random.Generator, k: int) -> dict[str, np.ndarray]:
+def _rows(rng: np.random.Generator, k: int, flag: bool = False) -> dict[str, np.ndarray]:
+    done = rng.random(k) < 0.05
     return {"obs": rng.standard_normal((k, 4)).astype(np.float32), "action": rng.integers(0, 2, k),
             "reward": rng.standard_normal(k).astype(np.float32),
             "next_obs": rng.standard_normal((k, 4)).astype(np.float32),
-            "done": (rng.random(k) < 0.05).astype(np.float32)}  # fmt: skip
+            "done": done if flag else done.astype(np.float32)}  # fmt: skip
 
 
-def _buffer(layout: str, capacity: int) -> object:
+def _buffer(layout: str, capacity: int, flag: bool = False) -> object:
     import fastper
     from fastper.storage import Storage
 
     return fastper.PrioritizedReplayBuffer(
-        capacity, FIELDS, seed=0, storage=lambda f, c: Storage(f, c, layout=layout)
+        capacity, BOOL_FIELDS if flag else FIELDS, seed=0, storage=lambda f, c: Storage(f, c, layout=layout)
     )
 
 
@@ -56,13 +60,15 @@ def _pairs(fns: dict[str, Callable[[], float]], rounds: int) -> tuple[dict[str, 
     return {name: float(np.median(v)) for name, v in got.items()}, ratios
 
 
-def learner_steps(capacity: int, rounds: int) -> tuple[dict[str, float], list[float]]:
+def learner_steps(
+    capacity: int, rounds: int, flag: bool = False
+) -> tuple[dict[str, float], list[float]]:
     rng = np.random.default_rng(0)
-    data = _rows(rng, capacity)
+    data = _rows(rng, capacity, flag)
     tds = [np.abs(rng.standard_normal(B)) for _ in range(8)]
     fns = {}
     for layout in LAYOUTS:
-        buf = _buffer(layout, capacity)
+        buf = _buffer(layout, capacity, flag)
         buf.add(data)  # type: ignore[attr-defined]
         buf.update_priorities(np.arange(capacity), np.abs(rng.standard_normal(capacity)) + 0.01)  # type: ignore[attr-defined]
 
@@ -80,14 +86,14 @@ def learner_steps(capacity: int, rounds: int) -> tuple[dict[str, float], list[fl
     return _pairs(fns, rounds)
 
 
-def adds(k: int, rounds: int) -> tuple[dict[str, float], list[float]]:
+def adds(k: int, rounds: int, flag: bool = False) -> tuple[dict[str, float], list[float]]:
     rng = np.random.default_rng(1)
-    rows = _rows(rng, k)
+    rows = _rows(rng, k, flag)
     row = {name: v[0] for name, v in rows.items()} if k == 1 else rows
     calls = max(20, 40_000 // k)
     fns = {}
     for layout in LAYOUTS:
-        buf = _buffer(layout, 2**16)
+        buf = _buffer(layout, 2**16, flag)
 
         def one_round(buf: object = buf) -> float:
             t0 = time.perf_counter_ns()
@@ -128,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         (f"add of {k} row{'s' if k > 1 else ''} (per call)", lambda k=k: adds(k, args.rounds))
         for k in (1, 64, 256, 1024)
     ]
+    cases += [
+        (f"bool flag: learner step, N = 2^{c.bit_length() - 1}",
+         lambda c=c: learner_steps(c, args.rounds, True))
+        for c in args.capacities if c >= 2**20
+    ]  # fmt: skip
+    cases += [
+        (f"bool flag: add of {k} row{'s' if k > 1 else ''} (per call)",
+         lambda k=k: adds(k, args.rounds, True))
+        for k in (1, 64, 256, 1024)
+    ]  # fmt: skip
     for name, run in cases:
         med, ratios = run()
         line = (

@@ -943,6 +943,8 @@ def _vector_arm(
 
 #: rows up to this many bytes are stored as records by default (see :class:`Storage`)
 RECORD_ROW_BYTES = 256
+#: the share of a record that its padding may take for the default layout to pick records
+RECORD_PADDING = 1 / 8
 #: runs of at least this many rows are copied into records as opaque items
 _ITEM_ROWS = 256
 
@@ -966,11 +968,22 @@ def record_dtype(fields: Mapping[str, Field]) -> np.dtype[Any]:
 
 def default_layout(fields: Mapping[str, Field]) -> str:
     """:class:`Storage`'s layout for ``layout="auto"``: ``"records"`` for rows of at
-    most :data:`RECORD_ROW_BYTES` bytes, of more than one field, that a record
-    holds with no padding; else ``"columns"``."""
+    most :data:`RECORD_ROW_BYTES` bytes, of more than one field, whose record
+    pads them by at most :data:`RECORD_PADDING` of its bytes (a bool flag beside
+    float32 and int64 fields: 45 bytes in a 48-byte record); else ``"columns"``.
+
+    A sampled row costs one or two cache misses as a record against one per
+    field in columns: the learner step took 0.81-0.83x the time at 2^20-2^22
+    slots for such rows (``benchmarks/layout.py``), for a few bytes per slot.
+    """
     row = sum(f.nbytes_per_item for f in fields.values())
     small = 0 < row <= RECORD_ROW_BYTES and len(fields) > 1
-    return "records" if small and record_dtype(fields).itemsize == row else "columns"
+    return "records" if small and record_dtype(fields).itemsize <= _padded(row) else "columns"
+
+
+def _padded(row: int) -> int:
+    """The largest record the default layout accepts for ``row`` bytes of fields."""
+    return int(row / (1.0 - RECORD_PADDING))
 
 
 class Storage:
@@ -992,10 +1005,11 @@ class Storage:
         capacity: number of slots.
         layout: ``"records"``, ``"columns"`` or ``"auto"`` (the default:
             records for rows of at most :data:`RECORD_ROW_BYTES` bytes, of more
-            than one field, whose fields align with no padding: e.g. float32
-            observations and int64 actions; else columns). Records put the
-            widest-aligned fields first and pad a record to a multiple of that
-            alignment, so that every field of every slot is aligned.
+            than one field, that a record pads by at most :data:`RECORD_PADDING`
+            of its bytes: e.g. float32 observations, an int64 action and a bool
+            flag; else columns). Records put the widest-aligned fields first
+            and pad a record to a multiple of that alignment, so that every
+            field of every slot is aligned.
     """
 
     gather_can_fail = False  # numpy takes of written slots

@@ -262,14 +262,16 @@ def test_memory_per_slot_atari_shape() -> None:
     fcap = buf.frame_store.capacity
     frame = 84 * 84
     # frames (+1 padding frame) with 16 bytes of links each; per slot 2 ids, 8 bytes of
-    # validity links (each transition filed under the oldest frame it needs), 7 bytes of fields
-    assert nb["data"] == (fcap + 1) * frame + fcap * 16 + cap * (16 + 8 + 1 + 4 + 1 + 1)
+    # validity links (each transition filed under the oldest frame it needs), 7 bytes of
+    # fields; the ids and fields are one record, 23 bytes padded to 24
+    assert buf.storage.layout == "records"
+    assert nb["data"] == (fcap + 1) * frame + fcap * 16 + cap * (24 + 8)
     # the same formula at 1M slots (index bytes per slot as measured here)
     big = 1_000_000
     fbig = fastper.frames.default_frame_capacity(big)
     index_per_slot = nb["index"] / cap
     assert index_per_slot < 20
-    total = (fbig + 1) * frame + fbig * 16 + big * (16 + 8 + 7) + index_per_slot * big
+    total = (fbig + 1) * frame + fbig * 16 + big * (24 + 8) + index_per_slot * big
     assert total < 7.2e9, total
     assert per_slot < 7300  # the +64 frames of margin weigh more at 10k slots
 

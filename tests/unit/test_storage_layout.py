@@ -39,7 +39,9 @@ def test_auto_layout_stores_small_rows_as_records_and_large_rows_as_columns() ->
     cartpole = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
                 "next_obs": ((4,), np.float32), "done": ((), np.float32)}  # fmt: skip
     assert Storage(cartpole, 8).layout == "records"  # 48 bytes, no padding
-    assert Storage(FIELDS, 8).layout == "columns"  # 29 bytes: a record would pad them
+    assert Storage({**cartpole, "done": ((), np.bool_)}, 8).layout == "records"  # 45 in 48
+    assert Storage(FIELDS, 8).layout == "records"  # 29 bytes in a 32-byte record
+    assert Storage({"a": ((), np.int64), "done": ((), np.bool_)}, 8).layout == "columns"
     assert Storage({"x": ((4,), np.float32)}, 8).layout == "columns"  # one field
     big = {"frame": ((RECORD_ROW_BYTES + 4,), np.uint8), "r": ((), np.float32)}
     assert Storage(big, 8).layout == "columns"
@@ -51,14 +53,27 @@ def test_auto_layout_stores_small_rows_as_records_and_large_rows_as_columns() ->
         Storage(FIELDS, 8, layout="rows")
 
 
-def test_records_are_chosen_only_where_they_need_no_padding() -> None:
-    """By default a slot takes exactly its fields' bytes in either layout; asked
-    for, records pad each slot so that every field of every slot is aligned."""
+def test_records_are_chosen_only_where_padding_takes_at_most_an_eighth_of_a_record() -> None:
+    """By default records pad a slot by at most 1/8 of the record; asked for,
+    records pad each slot as much as it takes for every field of every slot
+    to be aligned."""
     even = {"a": ((), np.int64), "b": ((3,), np.float32), "c": ((), np.float32)}  # 24 bytes
     odd = {"a": ((), np.int64), "b": ((), np.uint8), "c": ((3,), np.float32)}  # 21 bytes
     assert Storage(even, 100).layout == "records"
     assert Storage(even, 100).nbytes() == Storage(even, 100, layout="columns").nbytes() == 2400
-    assert Storage(odd, 100).layout == "columns"
+    assert Storage(odd, 100).layout == "records"  # 3 bytes of 24: exactly 1/8
+    assert Storage(odd, 100).nbytes() == 2400
+    wider = {**odd, "d": ((), np.uint8)}  # 22 bytes: 2 of 24 are padding
+    assert Storage(wider, 100).layout == "records"
+    thin = {"a": ((), np.int64), "b": ((), np.uint8), "c": ((2,), np.float32)}  # 17 of 24
+    assert Storage(thin, 100).layout == "columns"
+    assert Storage(thin, 100).nbytes() == 1700
+    padded = Storage(thin, 100, layout="records")
+    assert padded.nbytes() == 100 * 24  # 17 bytes padded to a multiple of 8
+    for name, (shape, dtype) in thin.items():
+        col = padded.columns[name]
+        assert col.shape == (100, *shape) and col.dtype == np.dtype(dtype)
+        assert col.flags.aligned and col.strides[0] % col.dtype.itemsize == 0
     padded = Storage(odd, 100, layout="records")
     assert padded.nbytes() == 100 * 24  # 21 bytes padded to a multiple of 8
     for name, (shape, dtype) in odd.items():
