@@ -518,7 +518,8 @@ class DirectRows:
         out = {}
         for i, col in enumerate(self.columns):
             view = col.reshape(self.capacity // block, block, *col.shape[1:])
-            if not np.may_share_memory(view, col):  # (splitting an axis never copies)
+            # (splitting an axis never copies; an empty field has no memory to share)
+            if col.size and not np.may_share_memory(view, col):
                 raise AssertionError("a block view of a column must be a view")
             out[f"BLOCK{i}"] = view
         return out
@@ -973,7 +974,7 @@ def default_layout(fields: Mapping[str, Field]) -> str:
     float32 and int64 fields: 45 bytes in a 48-byte record); else ``"columns"``.
 
     A sampled row costs one or two cache misses as a record against one per
-    field in columns: the learner step took 0.81-0.83x the time at 2^20-2^22
+    field in columns: the learner step took 0.80-0.81x the time at 2^20-2^22
     slots for such rows (``benchmarks/layout.py``), for a few bytes per slot.
     """
     row = sum(f.nbytes_per_item for f in fields.values())

@@ -30,6 +30,7 @@ import numpy as np
 from ._kernels._jit import cache_counts, cache_dirs
 from .buffer_state import from_state_dict
 from .buffers import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
+from .storage import Storage
 from .trees import MinTree, SumTree
 
 __all__ = ["WarmupReport", "main", "warmup"]
@@ -140,20 +141,31 @@ def _checks() -> None:
         rewards_finite(np.zeros(16, dtype))  # (a few values are checked without the kernel)
 
 
+def _nstep_steps(buf: Any, rng: np.random.Generator) -> None:
+    for t in range(12):
+        buf.add({**_batch(rng, 2), "truncated": np.array([False, t % 6 == 5])})
+    for _ in range(4):  # vector steps with no episode end: the steady-state plan
+        calm = {**_batch(rng, 2), "terminated": np.zeros(2, bool)}
+        buf.add({**calm, "truncated": np.zeros(2, bool)})
+    buf.sample(8)
+
+
 def _nstep_and_frames(rng: np.random.Generator) -> None:
+    fields = {**FIELDS, "truncated": ((), np.bool_)}
+    # the n-step kernels take the storage's arrays: strided views of records (these
+    # fields, by default) or contiguous columns (large rows, or a layout asked for)
+    columns = PrioritizedReplayBuffer(
+        N, fields, n_step=3, gamma=0.99, n_envs=2, seed=0,
+        storage=lambda f, c: Storage(f, c, layout="columns"),
+    )  # fmt: skip
+    _nstep_steps(columns, rng)
     for cls in (
         ReplayBuffer,
         PrioritizedReplayBuffer,
         RankBasedReplayBuffer,
     ):
-        fields = {**FIELDS, "truncated": ((), np.bool_)}
         buf = cls(N, fields, n_step=3, gamma=0.99, n_envs=2, seed=0)
-        for t in range(12):
-            buf.add({**_batch(rng, 2), "truncated": np.array([False, t % 6 == 5])})
-        for _ in range(4):  # vector steps with no episode end: the steady-state plan
-            calm = {**_batch(rng, 2), "terminated": np.zeros(2, bool)}
-            buf.add({**calm, "truncated": np.zeros(2, bool)})
-        buf.sample(8)
+        _nstep_steps(buf, rng)
         frames = {
             "obs": ((8, 8), np.uint8),
             "next_obs": ((8, 8), np.uint8),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastper import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer
+from fastper import PrioritizedReplayBuffer, RankBasedReplayBuffer, ReplayBuffer, Storage
 from fastper.errors import FieldTypeError
 
 FIELDS = {
@@ -1099,6 +1099,31 @@ def test_a_buffer_learns_the_size_of_its_vector_steps_and_stores_the_same_rows()
         np.testing.assert_array_equal(learns.add(step), slices.add(step))
     assert learns._block_rows == 4 and slices._block_rows is None
     _same_state(learns.state_dict(), slices.state_dict())
+
+
+@pytest.mark.parametrize("layout", ["records", "columns"])
+def test_vector_steps_store_fields_of_no_bytes_by_blocks_too(layout: str) -> None:
+    """A field of size 0 (shape (0,)) has a block view like any other: vector steps
+    after the first are stored, by plain and n-step buffers alike."""
+    fields = {"z": ((0,), np.float32), "a": ((), np.int64), "reward": ((), np.float32)}
+    buf = PrioritizedReplayBuffer(8, fields, storage=lambda f, c: Storage(f, c, layout=layout))
+    for t in range(5):
+        step = {"z": np.zeros((4, 0), np.float32), "a": np.arange(4) + 4 * t,
+                "reward": np.ones(4, np.float32)}  # fmt: skip
+        np.testing.assert_array_equal(buf.add(step), np.arange(4) + 4 * (t % 2))
+    assert buf._block_rows == 4
+    np.testing.assert_array_equal(buf.storage.columns["a"], [16, 17, 18, 19, 12, 13, 14, 15])
+    flags = {"terminated": ((), np.bool_), "truncated": ((), np.bool_)}
+    nstep = PrioritizedReplayBuffer(
+        8, {**fields, "next_obs": ((0,), np.float32), **flags}, n_step=2, gamma=0.9, n_envs=4,
+        storage=lambda f, c: Storage(f, c, layout=layout),
+    )  # fmt: skip
+    for t in range(5):
+        nstep.add({"z": np.zeros((4, 0), np.float32), "next_obs": np.zeros((4, 0), np.float32),
+                   "a": np.arange(4) + 4 * t, "reward": np.ones(4, np.float32),
+                   "terminated": np.zeros(4, bool), "truncated": np.zeros(4, bool)})  # fmt: skip
+    assert len(nstep) == 8
+    np.testing.assert_array_equal(nstep.storage.columns["a"], np.arange(8, 16))  # steps 2, 3
 
 
 def test_the_stores_made_again_for_blocks_are_made_before_an_add_stores_anything(

@@ -206,6 +206,45 @@ def test_a_record_buffer_saves_and_loads_in_chunks_of_rows(tmp_path, monkeypatch
     np.testing.assert_array_equal(kept.sample(32).indices, loaded.sample(32).indices)
 
 
+def test_padded_records_are_the_same_buffer_as_columns(tmp_path) -> None:
+    """Rows that a record pads (a bool flag beside 4- and 8-byte fields) take records
+    by default, and a buffer on them samples, updates and saves exactly as one
+    on columns: the same slots, data, weights and checkpoint bytes, through
+    single adds, batches, long runs copied as items and wraps."""
+    rng = np.random.default_rng(11)
+    bufs = {
+        layout: fastper.PrioritizedReplayBuffer(
+            700, FIELDS, seed=3, storage=lambda f, c, layout=layout: Storage(f, c, layout=layout)
+        )
+        for layout in ("records", "columns")
+    }
+    default = fastper.PrioritizedReplayBuffer(700, FIELDS, seed=3)
+    assert default.storage.layout == "records"  # 29 bytes in a 32-byte record
+    bufs["default"] = default
+    for step in range(40):
+        k = (1, 4, 300, 17)[step % 4]
+        rows = _rows(rng, k)
+        if k == 1:
+            rows = {name: v[0] for name, v in rows.items()}
+        td = np.abs(rng.standard_normal(32))
+        got = []
+        for buf in bufs.values():
+            buf.add(rows)
+            s = buf.sample(32)
+            buf.update_priorities(s, td)
+            got.append(s)
+        first = got[0]
+        for other in got[1:]:
+            np.testing.assert_array_equal(other.indices, first.indices)
+            np.testing.assert_array_equal(other.weights, first.weights)
+            for name in FIELDS:
+                np.testing.assert_array_equal(other.data[name], first.data[name])
+    for layout, buf in bufs.items():
+        buf.save(tmp_path / f"{layout}.fpk")
+    files = {(tmp_path / f"{layout}.fpk").read_bytes() for layout in bufs}
+    assert len(files) == 1
+
+
 @pytest.mark.parametrize("chunk", [None, 40])
 def test_strided_arrays_are_written_and_read_in_place_a_chunk_of_rows_at_a_time(
     tmp_path, monkeypatch, chunk

@@ -237,7 +237,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``optimize_memory_usage``; actions; float32 reward, done and timeout;
     n-step buffers: two bool flags, terminated and truncated, and a float32
     discount instead of done and timeout) plus about 18 bytes per slot of
-    priorities and trees (rank-based: see ``fastper.samplers.RankSampler``).
+    priorities and trees (rank-based: see ``fastper.samplers.RankSampler``);
+    rows of up to 256 bytes are one record each, padded by at most 1/8
+    (:func:`fastper.storage.default_layout`).
 
     Raises:
         ValueError: ``optimize_memory_usage=True``, a Dict observation space
