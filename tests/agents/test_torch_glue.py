@@ -46,3 +46,23 @@ def test_to_torch_dtypes_and_values() -> None:
     np.testing.assert_array_equal(t["obs"].numpy(), s["obs"])
     np.testing.assert_array_equal(t["weights"].numpy(), s.weights)
     np.testing.assert_array_equal(t["indices"].numpy(), s.indices)
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+def test_to_torch_gives_what_as_tensor_gives_on_every_device(device: object) -> None:
+    """On the CPU the tensors share the batch's arrays, as ``torch.as_tensor`` does
+    there; on another device they are made there."""
+    buf = fastper.PrioritizedReplayBuffer(32, CARTPOLE_FIELDS, seed=0)
+    buf.add(make_batch(16))
+    s = buf.sample(5)
+    got = s.to_torch(device)
+    arrays = {**s.data, "weights": s.weights, "indices": s.indices, "keys": s.keys,
+              "probabilities": s.probabilities}  # fmt: skip
+    assert sorted(got) == sorted(arrays)
+    for name, arr in arrays.items():
+        want = torch.as_tensor(arr, device=device)
+        t = got[name]
+        assert (t.dtype, t.shape, t.device) == (want.dtype, want.shape, want.device), name
+        if t.device.type == "cpu":
+            assert np.shares_memory(t.numpy(), arr), name
+            np.testing.assert_array_equal(t.numpy(), arr)

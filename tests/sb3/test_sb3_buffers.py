@@ -725,6 +725,23 @@ def test_import_fastper_loads_neither_sb3_nor_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_samples_follow_a_device_set_after_the_buffer_is_made() -> None:
+    """SB3 sets a loaded buffer's ``device`` to its model's: samples follow it (a meta
+    device here, where tensors have no data), and come back on the CPU after."""
+    buf = PrioritizedReplayBuffer(32, OBS_SPACES["box"], ACTION_SPACES["box"], "cpu", n_envs=2)
+    fill(buf, None, 8, 2, np.random.default_rng(0))
+    on_cpu = buf.sample(8)
+    for name in (*SB3_FIELDS, "weights"):
+        assert getattr(on_cpu, name).device.type == "cpu"
+    buf.device = th.device("meta")
+    s = buf.sample(8)
+    for name in (*SB3_FIELDS, "weights"):
+        t, ref = getattr(s, name), getattr(on_cpu, name)
+        assert t.device.type == "meta" and (t.dtype, t.shape) == (ref.dtype, ref.shape), name
+    buf.device = th.device("cpu")
+    assert buf.sample(8).observations.device.type == "cpu"
+
+
 @pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
 def test_samples_land_on_the_device_and_device_td_errors_update() -> None:
     buf = PrioritizedReplayBuffer(32, OBS_SPACES["box"], ACTION_SPACES["box"], "cuda", n_envs=2)
