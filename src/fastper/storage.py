@@ -607,17 +607,23 @@ def _match_source(entries: tuple[tuple[Any, ...], ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_lines(
-    entries: tuple[tuple[Any, ...], ...], refuse: str, vector_first: bool = True
-) -> list[str]:
+def _check_lines(entries: tuple[tuple[Any, ...], ...], refuse: str) -> list[str]:
     """The body of :attr:`DirectRows.match`'s checks (see :func:`_match_source`), up
     to its answer: on success the values are ``v0, v1, ..`` and the count is
     ``rows``; on failure the code returns ``refuse``.
 
-    ``vector_first``: a vector env's step of the fields' own dtypes and shapes
-    (:func:`_vector_terms`) is told first, in one expression, and skips the checks
-    value by value (the same rules); False: the caller has tested it already."""
-    lines = [
+    A vector env's step of the fields' own dtypes and shapes (:func:`_vector_terms`)
+    is told first, in one expression, and skips the checks value by value (the
+    same rules)."""
+    lines = [*_read_lines(entries), "    if not (", *_joined(_vector_terms(entries), "        ")]
+    lines += ["    ):", *("    " + line for line in _value_check_lines(entries))]
+    return _refusing(lines, refuse)
+
+
+def _read_lines(entries: tuple[tuple[Any, ...], ...]) -> list[str]:
+    """The values ``v0, v1, ..`` read from the dict ``transition`` (its length
+    first), returning None where it holds other keys."""
+    return [
         f"    if len(transition) != {len(entries)}:",
         "        return None",
         "    try:",
@@ -625,15 +631,13 @@ def _check_lines(
         "    except KeyError:",
         "        return None",
     ]
-    checks = _value_check_lines(entries)
-    if vector_first:
-        terms = _vector_terms(entries)
-        lines += ["    if not (", *_joined(terms, "        "), "    ):"]
-        checks = ["    " + line for line in checks]
-    lines += checks
-    if refuse != "None":
-        lines = [line.replace("return None", f"return {refuse}") for line in lines]
-    return lines
+
+
+def _refusing(lines: list[str], refuse: str) -> list[str]:
+    """``lines`` returning ``refuse`` where they return None."""
+    if refuse == "None":
+        return lines
+    return [line.replace("return None", f"return {refuse}") for line in lines]
 
 
 def _joined(terms: list[str], indent: str) -> list[str]:
@@ -856,11 +860,10 @@ def _put_source(
     checks, the rows' room before the ring's end, the reward field's finiteness
     (field ``reward``; None: unchecked), then :attr:`DirectRows.write`'s stores.
     Nothing is stored before every check has passed."""
-    checks = _check_lines(entries, "0", vector_first=False)
-    read = len(entries) + 5  # (the length test, the values read from the dict)
-    lines = ["def put(transition, start):", *checks[:read]]
+    lines = ["def put(transition, start):", *_refusing(_read_lines(entries), "0")]
     lines += _vector_arm(entries, long_runs, reward, block)
-    lines += [*checks[read:], "    n = 1 if rows == -1 else rows", "    if start + n > cap:", "        return 0"]
+    lines += _refusing(_value_check_lines(entries), "0")
+    lines += ["    n = 1 if rows == -1 else rows", "    if start + n > cap:", "        return 0"]
     lines += _reward_lines(entries, reward, "0")
     lines += ["    k = rows", *_write_lines(len(entries), long_runs, block), "    return n"]
     return "\n".join(lines) + "\n"
@@ -979,12 +982,8 @@ def default_layout(fields: Mapping[str, Field]) -> str:
     """
     row = sum(f.nbytes_per_item for f in fields.values())
     small = 0 < row <= RECORD_ROW_BYTES and len(fields) > 1
-    return "records" if small and record_dtype(fields).itemsize <= _padded(row) else "columns"
-
-
-def _padded(row: int) -> int:
-    """The largest record the default layout accepts for ``row`` bytes of fields."""
-    return int(row / (1.0 - RECORD_PADDING))
+    padding = record_dtype(fields).itemsize - row if small else 0
+    return "records" if small and padding <= RECORD_PADDING * (row + padding) else "columns"
 
 
 class Storage:

@@ -68,18 +68,13 @@ def test_records_are_chosen_only_where_padding_takes_at_most_an_eighth_of_a_reco
     thin = {"a": ((), np.int64), "b": ((), np.uint8), "c": ((2,), np.float32)}  # 17 of 24
     assert Storage(thin, 100).layout == "columns"
     assert Storage(thin, 100).nbytes() == 1700
-    padded = Storage(thin, 100, layout="records")
-    assert padded.nbytes() == 100 * 24  # 17 bytes padded to a multiple of 8
-    for name, (shape, dtype) in thin.items():
-        col = padded.columns[name]
-        assert col.shape == (100, *shape) and col.dtype == np.dtype(dtype)
-        assert col.flags.aligned and col.strides[0] % col.dtype.itemsize == 0
-    padded = Storage(odd, 100, layout="records")
-    assert padded.nbytes() == 100 * 24  # 21 bytes padded to a multiple of 8
-    for name, (shape, dtype) in odd.items():
-        col = padded.columns[name]
-        assert col.shape == (100, *shape) and col.dtype == np.dtype(dtype)
-        assert col.flags.aligned and col.strides[0] % col.dtype.itemsize == 0
+    for fields in (thin, odd):  # 17 and 21 bytes, padded to a multiple of 8
+        padded = Storage(fields, 100, layout="records")
+        assert padded.nbytes() == 100 * 24
+        for name, (shape, dtype) in fields.items():
+            col = padded.columns[name]
+            assert col.shape == (100, *shape) and col.dtype == np.dtype(dtype)
+            assert col.flags.aligned and col.strides[0] % col.dtype.itemsize == 0
 
 
 def test_both_layouts_store_gather_read_and_round_trip_the_same_rows() -> None:
