@@ -281,12 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(os.environ))
         results[cap] = json.loads(proc.stdout.strip().splitlines()[-1])
     import fastper
+    from fastper._bench import cpu_name
 
     text = (
         "# Where a learner step's time goes (fastper, proportional)\n\n"
         f"`python benchmarks/breakdown.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         f" ({time.time() - t0:.0f} s); fastper {fastper.__version__}, numpy {np.__version__}, "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}).\n\n"
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs ({cpu_name()}, "
+        f"{platform.machine()}).\n\n"
         f"B = {args.batch_size}; each figure is the median over {args.rounds} interleaved rounds of "
         f"the median of {args.calls} calls, one fresh process per capacity. Each indented row "
         "is the difference of two timed variants (the public call, the same steps called "

@@ -113,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     import fastper
+    from fastper._bench import cpu_name
 
     lines = [
         "# Records against columns (the RAM storage's layouts)",
         "",
         f"`python benchmarks/layout.py` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, fastper "
         f"{fastper.__version__}, python {platform.python_version()}, numpy {np.__version__}, "
-        f"{os.cpu_count()} cores. CartPole-like 48-byte rows, proportional, B = {B}; "
+        f"{os.cpu_count()} cores ({cpu_name()}). CartPole-like 48-byte rows, proportional, B = {B}; "
         f"medians of {args.rounds} interleaved rounds; ratio = records / columns in the same "
         "round, median [range]: below 1, records are faster.",
         "",

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from fastper._bench import NSTEP_FIELDS, _batch
+from fastper._bench import NSTEP_FIELDS, _batch, cpu_name
 
 HERE = Path(__file__).resolve().parent
 FIELDS = {k: v for k, v in NSTEP_FIELDS.items() if k != "truncated"}  # CartPole-like
@@ -132,7 +132,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, seconds: flo
         "",
         f"`python benchmarks/rank.py` on {when} ({seconds:.0f} s); fastper "
         f"{fastper.__version__}, numpy {np.__version__}, numba {numba.__version__}, "
-        f"Python {platform.python_version()}, {platform.machine()}.",
+        f"Python {platform.python_version()}, {platform.machine()} ({cpu_name()}).",
         "",
         f"One iteration: `add(1)` + `sample({args.batch_size})` + "
         f"`update_priorities({args.batch_size}, keys)`, CartPole-like fields, "

@@ -101,6 +101,7 @@ def run(rounds: int, calls: int) -> dict[str, list[float]]:
 
 def report(times: dict[str, list[float]], rounds: int, calls: int) -> str:
     import fastper
+    from fastper._bench import cpu_name
 
     refs = {name: ref for name, (_, ref) in cases().items()}
     med = {name: float(np.median(v)) for name, v in times.items()}
@@ -109,7 +110,7 @@ def report(times: dict[str, list[float]], rounds: int, calls: int) -> str:
         "",
         f"`python benchmarks/single_add.py` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
         f"fastper {fastper.__version__}, python {platform.python_version()}, numpy {np.__version__}, "
-        f"{os.cpu_count()} cores. Median over {rounds} interleaved rounds of the mean of "
+        f"{os.cpu_count()} cores ({cpu_name()}). Median over {rounds} interleaved rounds of the mean of "
         f"{calls} calls (a capacity of {CAPACITY}); spread = min - max over rounds; ratio = "
         "the median over rounds of the round's ratio to its reference (range in brackets).",
         "",

@@ -146,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{statistics.median(ratios):.3f} ({min(ratios):.2f} - {max(ratios):.2f}) |"
                 )
             lines.append("")
+    from fastper._bench import cpu_name
+
     head = (
         f"# Learner step A/B: {args.base} against the working tree\n\n"
         f"`python benchmarks/step_ab.py --base {args.base} --rounds {args.rounds}` on "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, python {platform.python_version()}, "
-        f"{os.cpu_count()} cores. Each side in its own process per capacity, alternating, "
+        f"{os.cpu_count()} cores ({cpu_name()}). Each side in its own process per capacity, alternating, "
         f"{args.rounds} rounds of {args.calls} calls; figures are medians over rounds of a "
         "round's median, ratios the median over rounds of new / base.\n"
     )

@@ -53,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
                str(args.batch_size), "--rounds", str(args.rounds), "--calls", str(args.calls)]  # fmt: skip
         parts.append(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     import fastper
+    from fastper._bench import cpu_name
 
     head = (
         f"# Workloads\n\n`python benchmarks/workloads.py` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
         f"fastper {fastper.__version__}, python {platform.python_version()}, numpy {np.__version__}, "
-        f"{os.cpu_count()} cores. Medians of {args.rounds} interleaved rounds of {args.calls} calls "
+        f"{os.cpu_count()} cores ({cpu_name()}). Medians of {args.rounds} interleaved rounds of {args.calls} calls "
         "(n-step rows: 5x the calls); ratio = workload / reference.\n"
     )
     text = head + "\n" + "\n\n".join(p.strip() for p in parts) + "\n"

@@ -35,6 +35,21 @@ KINDS: dict[str, type[BaseBuffer]] = {
 }
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``; elsewhere what ``platform``
+    knows): benchmark reports name it, as figures differ between CPUs of one
+    architecture (caches, vector width) more than between runs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 @dataclass(frozen=True)
 class Timing:
     op: str
@@ -136,7 +151,8 @@ def format_table(timings: list[Timing], capacity: int, kind: str) -> str:
         f"fastper {__version__} bench: {kind}, capacity {capacity} (2^{capacity.bit_length() - 1})"
         if capacity & (capacity - 1) == 0
         else f"fastper {__version__} bench: {kind}, capacity {capacity}",
-        f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}",
+        f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()} "
+        f"({cpu_name()})",
         "",
         "| op | unit | median (us) | p90 (us) | calls |",
         "|---|---|---:|---:|---:|",

@@ -361,3 +361,21 @@ def test_readme_sync_refuses_a_summary_without_peers(tmp_path: Path):
     with pytest.raises(ValueError, match="measured no peer library"):
         readme.sync(target, md)
     assert target.read_text() == text
+
+
+def test_bench_table_names_the_cpu() -> None:
+    """`fastper bench` reports name the CPU (figures differ between CPUs more than
+    between runs); the name is Linux's model name where it has one."""
+    from fastper._bench import Timing, cpu_name, format_table
+
+    name = cpu_name()
+    assert name.strip() == name and name
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+    except OSError:
+        models = []
+    if models:
+        assert name == models[0]
+    table = format_table([Timing("sample", "per call", 1.0, 2.0, 3)], 1024, "proportional")
+    assert f"({name})" in table.splitlines()[1]

@@ -12,6 +12,8 @@
   B uniforms it draws after the targets' B; that order is a uniform permutation.
 * Prefetching the drawn rows (records) changes no bit of a sample.
 * Slot keys from one division per batch equal the per-slot formula.
+* The descent's branch-free select is the conditional expression bit for bit,
+  and the descent takes the steps its rule writes out.
 """
 
 from __future__ import annotations
@@ -351,3 +353,74 @@ def test_a_storage_that_misdescribes_its_records_is_refused_before_a_draw(
     a, b = buf.sample(32), twin.sample(32)
     for name in ("indices", "weights", "keys"):
         assert bits(getattr(a, name)) == bits(getattr(b, name)), name
+
+
+def test_take_if_ge_is_the_conditional_expression_bit_for_bit() -> None:
+    """The branch-free select of the descent (a compare's mask on x86) gives what
+    ``x if t >= x else 0.0`` gives, for every pair of special and ordinary values."""
+    from numba import njit
+
+    from fastper._kernels._intrinsics import take_if_ge
+
+    @njit(cache=False)
+    def masked(t: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+        for k in range(t.shape[0]):
+            out[k] = take_if_ge(t[k], x[k])
+
+    special = np.array(
+        [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 5e-324, -5e-324, 1.7976931348623157e308,
+         np.nextafter(1.0, 0.0), np.nextafter(1.0, 2.0), 3.0],
+    )  # fmt: skip
+    t, x = (a.ravel() for a in np.meshgrid(special, special))
+    rng = np.random.default_rng(SEED)
+    r = rng.standard_normal((2, 20_000)) * 10.0 ** rng.integers(-300, 300, (2, 20_000))
+    t = np.concatenate([t, r[0], r[0]])
+    x = np.concatenate([x, r[1], r[0]])  # random pairs, then equal ones
+    out = np.empty_like(t)
+    masked(t, x, out)
+    with np.errstate(invalid="ignore"):
+        want = np.where(t >= x, x, 0.0)
+    assert bits(out) == bits(want)
+
+
+@pytest.mark.parametrize("capacity", [9, 513, 40_000])
+def test_the_descent_takes_the_documented_steps(capacity: int) -> None:
+    """``sum_find`` against the rule written out in Python: at each node, halves,
+    then quarters, then the child, each step taking ``t - sum`` where ``t >= sum``
+    (the node's pairwise sums); a leaf that does not hold what is left of its
+    target is searched carefully (positive leaves then, as the careful path
+    guarantees)."""
+    rng = np.random.default_rng(SEED)
+    s = ProportionalSampler(capacity, 1.0)
+    leaves = values(rng, capacity)
+    leaves[-1] = 1.0
+    s.write(np.arange(capacity, dtype=np.int64), leaves)
+    a_leaves, inner, offs, depth = s.leaves, s.sinner, s.offs, s.depth
+    targets = rng.random(512) * s.total
+    targets[:8] = s.total * np.array([0.0, 1e-300, 0.5, 1.0 - 2**-52, 0.25, 0.75, 0.1, 0.9])
+    got = np.empty(targets.shape[0], dtype=np.int64)
+    _tk.sum_find(a_leaves, inner, offs, depth, targets, got)
+    for k, t0 in enumerate(targets.tolist()):
+        t, j, inside = t0, 0, True
+        for level in range(depth, 0, -1):
+            a = a_leaves if level == 1 else inner
+            off = 0 if level == 1 else int(offs[level - 1])
+            nodes = a_leaves.shape[0] // 8 if level == 1 else (offs[level] - offs[level - 1]) // 8
+            if j >= nodes:  # past the level's end (rounding): the careful path
+                inside = False
+                break
+            base = off + 8 * j
+            h = (a[base] + a[base + 1]) + (a[base + 2] + a[base + 3])
+            c = 0
+            if t >= h:
+                t, c = t - h, 4
+            q = a[base + c] + a[base + c + 1]
+            if t >= q:
+                t, c = t - q, c + 2
+            if t >= a[base + c]:
+                t, c = t - a[base + c], c + 1
+            j = 8 * j + c
+        if inside and t < a_leaves[j]:
+            assert got[k] == j, k
+        else:
+            assert a_leaves[got[k]] > 0.0, k

@@ -41,3 +41,48 @@ def prefetch_w(typingctx, arr, idx):  # pragma: no cover
     """Hint the CPU to fetch ``arr[idx]``'s cache line for writing (no effect on results):
     the line arrives ready to be modified."""
     return types.void(arr, idx), _prefetch_codegen(1)
+
+
+def _x86() -> bool:
+    """Whether numba compiles for an x86 CPU here (it compiles for the host)."""
+    import llvmlite.binding as llvm
+
+    return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")
+
+
+@intrinsic
+def take_if_ge(typingctx, t, x):  # pragma: no cover
+    """``x if t >= x else 0.0`` (float64) without a branch.
+
+    Written as a conditional expression, LLVM lowers this select on x86 CPUs
+    without AVX-512 (a Zen 3, say) to a conditional jump: a search whose
+    children are picked by random targets then mispredicts about half its
+    steps. Here the compare makes a mask and the mask clears ``x`` (``cmpsd``
+    and ``andpd``, an SSE2 pair that every x86-64 CPU has); elsewhere it stays
+    a select, which those CPUs make without a branch (``fcsel`` on Arm). The
+    value is the conditional expression's in every case, NaN included (the
+    compare is false: 0.0).
+    """
+    x86 = _x86()
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        tv, xv = args
+        f64 = ir.DoubleType()
+        if not x86:
+            ge = builder.fcmp_ordered(">=", tv, xv)
+            return builder.select(ge, xv, ir.Constant(f64, 0.0))
+        i32 = ir.IntType(32)
+        i8 = ir.IntType(8)
+        v2 = ir.VectorType(f64, 2)
+        v2i = ir.VectorType(ir.IntType(64), 2)
+        cmp = builder.module.declare_intrinsic(
+            "llvm.x86.sse2.cmp.sd", fnty=ir.FunctionType(v2, [v2, v2, i8])
+        )
+        zero = ir.Constant(v2, [0.0, 0.0])
+        vx = builder.insert_element(zero, xv, i32(0))
+        vt = builder.insert_element(zero, tv, i32(0))
+        mask = builder.call(cmp, [vx, vt, i8(2)])  # predicate 2: x <= t, all ones or zero
+        kept = builder.and_(builder.bitcast(mask, v2i), builder.bitcast(vx, v2i))
+        return builder.extract_element(builder.bitcast(kept, v2), i32(0))
+
+    return types.float64(types.float64, types.float64), codegen
