@@ -355,12 +355,20 @@ def test_a_storage_that_misdescribes_its_records_is_refused_before_a_draw(
         assert bits(getattr(a, name)) == bits(getattr(b, name)), name
 
 
-def test_take_if_ge_is_the_conditional_expression_bit_for_bit() -> None:
-    """The branch-free select of the descent (a compare's mask on x86) gives what
+@pytest.mark.parametrize("portable", [False, True])
+def test_take_if_ge_is_the_conditional_expression_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, portable: bool
+) -> None:
+    """The branch-free select of the descent (a compare's mask on x86-64, a plain
+    select elsewhere: ``portable`` compiles that one here) gives what
     ``x if t >= x else 0.0`` gives, for every pair of special and ordinary values."""
     from numba import njit
 
+    from fastper._kernels import _intrinsics
     from fastper._kernels._intrinsics import take_if_ge
+
+    if portable:
+        monkeypatch.setattr(_intrinsics, "_x86_64", lambda: False)
 
     @njit(cache=False)
     def masked(t: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
@@ -381,6 +389,9 @@ def test_take_if_ge_is_the_conditional_expression_bit_for_bit() -> None:
     with np.errstate(invalid="ignore"):
         want = np.where(t >= x, x, 0.0)
     assert bits(out) == bits(want)
+    # the form asked for was compiled: the mask on x86-64 hosts, the select elsewhere
+    masks = "llvm.x86.sse2.cmp.sd" in "".join(masked.inspect_llvm().values())
+    assert masks == (not portable and _intrinsics._x86_64())
 
 
 @pytest.mark.parametrize("capacity", [9, 513, 40_000])

@@ -43,11 +43,11 @@ def prefetch_w(typingctx, arr, idx):  # pragma: no cover
     return types.void(arr, idx), _prefetch_codegen(1)
 
 
-def _x86() -> bool:
-    """Whether numba compiles for an x86 CPU here (it compiles for the host)."""
+def _x86_64() -> bool:
+    """Whether numba compiles for an x86-64 CPU here (it compiles for the host)."""
     import llvmlite.binding as llvm
 
-    return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")
+    return llvm.get_process_triple().split("-")[0] == "x86_64"
 
 
 @intrinsic
@@ -63,12 +63,11 @@ def take_if_ge(typingctx, t, x):  # pragma: no cover
     value is the conditional expression's in every case, NaN included (the
     compare is false: 0.0).
     """
-    x86 = _x86()
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         tv, xv = args
         f64 = ir.DoubleType()
-        if not x86:
+        if not _x86_64():
             ge = builder.fcmp_ordered(">=", tv, xv)
             return builder.select(ge, xv, ir.Constant(f64, 0.0))
         i32 = ir.IntType(32)
