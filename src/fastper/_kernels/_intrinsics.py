@@ -54,10 +54,10 @@ def _x86_64() -> bool:
 def take_if_ge(typingctx, t, x):  # pragma: no cover
     """``x if t >= x else 0.0`` (float64) without a branch.
 
-    Written as a conditional expression, LLVM lowers this select on x86 CPUs
-    without AVX-512 (a Zen 3, say) to a conditional jump: a search whose
-    children are picked by random targets then mispredicts about half its
-    steps. Here the compare makes a mask and the mask clears ``x`` (``cmpsd``
+    Written as a conditional expression, this select compiled to a
+    conditional jump on a Zen 3 (AVX2, no AVX-512; seen in the search's
+    assembly): a search whose children are picked by random targets then
+    mispredicts about half its steps. Here the compare makes a mask and the mask clears ``x`` (``cmpsd``
     and ``andpd``, an SSE2 pair that every x86-64 CPU has); elsewhere it stays
     a select, which those CPUs make without a branch (``fcsel`` on Arm). The
     value is the conditional expression's in every case, NaN included (the

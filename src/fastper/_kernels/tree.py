@@ -323,10 +323,10 @@ def _pick_child(a, base, t):  # pragma: no cover - compiled
     (``t - 0.0`` is exactly ``t``), by :func:`take_if_ge`'s mask. A
     mispredicted branch per step cost more than the rest of the search:
     measured at B = 256 against scanning the children in order, 31 -> 17 us at
-    N = 2^20 and 37 -> 22 us at N = 2^22 (an Intel Xeon with AVX-512, where a
-    conditional expression already compiled to a masked move); on a Zen 3,
-    where it compiled to a jump, the mask took the descent of 256 random
-    targets at N = 2^16 from 44 us to 8.5.
+    N = 2^20 and 37 -> 22 us at N = 2^22, with conditional expressions, on an
+    Intel Xeon with AVX-512 (where LLVM can make them masked moves). On a
+    Zen 3 (AVX2) they compiled to jumps; the mask took the descent of 256
+    random targets at N = 2^16 from 44 us to 8.5 there.
 
     Nothing here guards against zero children or a target past the node's sum;
     :func:`sum_find` checks the leaf a descent ends on.
