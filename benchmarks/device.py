@@ -480,13 +480,9 @@ def _log2(n: int) -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from fastper._bench import cpu_name
+
+    return cpu_name()
 
 
 def _loadavg() -> str:

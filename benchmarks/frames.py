@@ -19,13 +19,13 @@ are medians in microseconds and their ratio. Memory per slot is the buffer's
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
 from fastper import PrioritizedReplayBuffer
+from fastper._bench import cpu_name
 from fastper.frames import default_frame_capacity
 
 FRAME = (84, 84)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         "# Frame streams: memory and sample cost",
         "",
         f"`python benchmarks/frames.py --capacity {args.capacity} --calls {args.calls}` on "
-        f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}; "
+        f"{cpu_name()}, {time.strftime('%Y-%m-%d')}; "
         "84x84 uint8 frames, stacks of 4, 4 envs, episodes of ~400 steps.",
         "",
         "| buffer | bytes per slot (data + index) | sample(32) median, us |",

@@ -8,6 +8,8 @@ given capacity and batch size, and prints medians and p90 in microseconds.
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,9 +38,10 @@ KINDS: dict[str, type[BaseBuffer]] = {
 
 
 def cpu_name() -> str:
-    """The CPU's model name (Linux's ``/proc/cpuinfo``; elsewhere what ``platform``
-    knows): benchmark reports name it, as figures differ between CPUs of one
-    architecture (caches, vector width) more than between runs."""
+    """The CPU's model name (Linux's ``/proc/cpuinfo``, macOS's ``sysctl``; else what
+    ``platform`` knows, at least the architecture): benchmark reports name it, as
+    figures differ between CPUs of one architecture (caches, vector width) more
+    than between runs."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -47,7 +50,18 @@ def cpu_name() -> str:
                     return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True, text=True, timeout=5, check=False,
+            ).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if out:
+            return out
+    known = platform.processor()
+    return known if known and known != "unknown" else platform.machine()
 
 
 @dataclass(frozen=True)

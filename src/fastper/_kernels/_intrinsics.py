@@ -77,11 +77,14 @@ def take_if_ge(typingctx, t, x):  # pragma: no cover
         cmp = builder.module.declare_intrinsic(
             "llvm.x86.sse2.cmp.sd", fnty=ir.FunctionType(v2, [v2, v2, i8])
         )
-        zero = ir.Constant(v2, [0.0, 0.0])
-        vx = builder.insert_element(zero, xv, i32(0))
-        vt = builder.insert_element(zero, tv, i32(0))
+        # (lane 1 is never read: left undefined, no instruction clears it)
+        undef = ir.Constant(v2, ir.Undefined)
+        vx = builder.insert_element(undef, xv, i32(0))
+        vt = builder.insert_element(undef, tv, i32(0))
         mask = builder.call(cmp, [vx, vt, i8(2)])  # predicate 2: x <= t, all ones or zero
         kept = builder.and_(builder.bitcast(mask, v2i), builder.bitcast(vx, v2i))
         return builder.extract_element(builder.bitcast(kept, v2), i32(0))
 
+    if t != types.float64 or x != types.float64:
+        return None  # a typing error: the code below is for float64 only
     return types.float64(types.float64, types.float64), codegen
