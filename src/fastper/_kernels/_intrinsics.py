@@ -57,11 +57,11 @@ def take_if_ge(typingctx, t, x):  # pragma: no cover
     Written as a conditional expression, this select compiled to a
     conditional jump on a Zen 3 (AVX2, no AVX-512; seen in the search's
     assembly): a search whose children are picked by random targets then
-    mispredicts about half its steps. Here the compare makes a mask and the mask clears ``x`` (``cmpsd``
-    and ``andpd``, an SSE2 pair that every x86-64 CPU has); elsewhere it stays
-    a select, which those CPUs make without a branch (``fcsel`` on Arm). The
-    value is the conditional expression's in every case, NaN included (the
-    compare is false: 0.0).
+    mispredicts about half its steps. Here, on x86-64, the compare makes a
+    mask and the mask clears ``x`` (``cmpsd`` and ``andpd``, an SSE2 pair that
+    every x86-64 CPU has); on other CPUs it stays a select, which they make
+    without a branch (``fcsel`` on Arm). The value is the conditional
+    expression's in every case, NaN included (the compare is false: 0.0).
     """
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
