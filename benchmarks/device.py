@@ -479,12 +479,6 @@ def _log2(n: int) -> str:
     return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
 
 
-def _cpu_model() -> str:
-    from fastper._bench import cpu_name
-
-    return cpu_name()
-
-
 def _loadavg() -> str:
     try:
         return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -617,6 +611,8 @@ def report(
     sections: list[Section], args: argparse.Namespace, notes: dict[str, str],
     command: str, seconds: float, load_before: str,
 ) -> str:  # fmt: skip
+    from fastper._bench import cpu_name
+
     dev = args.device
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -624,7 +620,7 @@ def report(
         "",
         f"`{command}` on {when} ({seconds:.0f} s in all).",
         "",
-        f"Machine: {_cpu_model()}, {os.cpu_count()} cores (`os.cpu_count()`), "
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores (`os.cpu_count()`), "
         f"{platform.machine()}; device: {_device_name(dev)}; {_versions()}. "
         f"Load average before the run: {load_before}; after: {_loadavg()}.",
         "",
