@@ -288,14 +288,11 @@ class RowsMixin(SamplingMixin):
             and self._run_start + run == start
             and priority == self._run_priority
             and run < RUN_LIMIT
-            and self._current_max is None
             and self._frames is None
         ):  # _new_run's most frequent case, without its call (see there)
             self._run_count = run + n
             return slots
         self._new_run(start, n, priority)
-        if self._current_max is not None:  # (it needs the slots the caller does not)
-            self._current_max.fix(slots if want_slots else np.arange(start, start + n, 1, _INT64))  # type: ignore[call-overload]
         return slots
 
     def _add_window_row(
@@ -356,12 +353,17 @@ class RowsMixin(SamplingMixin):
         Deferred: the index takes it with the next locked call, or with the
         next write that does not extend the run, so many single adds cost one
         write of a run. Written at once where something reads the priorities
-        before that (the "current" max-priority policy, frame invalidation).
-        The case of a run extended is also read inline by :meth:`_store_direct`
-        (the most frequent add): a change here is a change there.
+        before that (frame invalidation). The "current" max-priority policy's
+        max tree takes the run with the index: until then it holds neither the
+        run nor what the run overwrote, and still gives the new priority the
+        whole state would, the run's own (the run took the tree's max, capped,
+        and every priority it hides or overwrites is at most that max). The
+        case of a run extended is also read inline by
+        :meth:`_store_direct` (the most frequent add): a change here is a
+        change there.
         """
         run = self._run_count
-        if self._current_max is not None or self._frames is not None:
+        if self._frames is not None:
             if run:
                 self._flush_run()
             self._sampler.write_run(start, count, priority)
@@ -376,6 +378,9 @@ class RowsMixin(SamplingMixin):
         """Give the deferred run of new slots their priority in the index. O(run + log N)."""
         count, self._run_count = self._run_count, 0
         self._sampler.write_run(self._run_start, count, self._run_priority)
+        tree = self._current_max
+        if tree is not None and self._sampler.max_tree is not tree:
+            tree.fix_run(self._run_start, count)
 
     def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
         """``add``'s ``priorities`` as k checked values (None: not given)."""
@@ -536,8 +541,9 @@ class RowsMixin(SamplingMixin):
             self._admit_run(start, k, priority)
             out.append(slots)
             left -= k
-        if self._current_max is not None and out:
-            self._current_max.fix(np.concatenate(out))
+        tree = self._current_max
+        if tree is not None and out and self._sampler.max_tree is not tree:
+            tree.fix(np.concatenate(out))
         return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
     def _write(
@@ -562,8 +568,10 @@ class RowsMixin(SamplingMixin):
             w.advance(step)
             lost -= step
         w.advance(k)
-        if p is None and not self._validity.n_invalid:
-            # every slot valid (the common case): one run, two if it wraps
+        runs = p is None and not self._validity.n_invalid
+        if runs:
+            # every slot valid (the common case): one run, two if it wraps (the
+            # max tree of the "current" policy takes them with the index)
             first = min(k, cap - start)
             self._new_run(start, first, priority)
             if first < k:
@@ -581,8 +589,9 @@ class RowsMixin(SamplingMixin):
                 if not validity.n_invalid:
                     self._sampler.all_valid()
             self._sampler.write(slots, p, new=True)
-        if self._current_max is not None:
-            self._current_max.fix(slots)
+        tree = self._current_max
+        if tree is not None and not runs and self._sampler.max_tree is not tree:
+            tree.fix(slots)
         return slots
 
     def _admit_run(self, start: int, k: int, priority: float) -> None:

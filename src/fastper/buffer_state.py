@@ -216,6 +216,8 @@ class StateMixin(BufferCore):
         if invalid.size:  # the new index gives them zero mass too
             new.invalidate(invalid, n)
         self._sampler = new
+        if self._current_max is not None:  # (the tree is over the same array)
+            new.keep_max(self._current_max)
         self._alpha_schedule = schedule
         self._scheme = pending["scheme"]
         self._scheme_options = dict(pending["options"])
@@ -448,6 +450,7 @@ class StateMixin(BufferCore):
         self._rng = rng
         if self._max_policy == "current":
             self._current_max = PriorityMax(self._sampler.raw_leaves)
+            self._sampler.keep_max(self._current_max)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write a checkpoint atomically (temporary file + rename). O(N).

@@ -162,6 +162,8 @@ class _Buffer(RowsMixin):
         self._current_max = (
             PriorityMax(self._sampler.raw_leaves) if self._max_policy == "current" else None
         )
+        if self._current_max is not None:  # (kept by the sampler's writes where it can)
+            self._sampler.keep_max(self._current_max)
         self._stale_updates = 0
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
@@ -291,10 +293,12 @@ class _Buffer(RowsMixin):
         if policy == "ever":  # (the default, on every add: no call where nothing clips)
             p = self._max_seen
             return p if self._clip is None else min(p, self._priority_cap())
-        if policy == "current":
-            assert self._current_max is not None
-            held = self._current_max.max if len(self) else 0.0
+        if policy == "current":  # (on every add: the tree's root read directly)
+            tree = self._current_max
+            assert tree is not None
+            held = float(tree.inner[tree.root]) if self._writer.size else 0.0
             p = held if held > 0.0 else 1.0
+            return p if self._clip is None else min(p, self._priority_cap())
         elif policy == "last":
             p = self._last_max
         else:
@@ -381,8 +385,9 @@ class _Buffer(RowsMixin):
                 if pmax > self._max_seen:
                     self._max_seen = pmax
                 self._last_max = pmax
-                if self._current_max is not None:
-                    self._current_max.fix(idx)
+                tree = self._current_max
+                if tree is not None and self._sampler.max_tree is not tree:
+                    tree.fix(idx)
             self._stale_updates += stale + invalid
             return kept
 

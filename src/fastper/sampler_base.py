@@ -127,13 +127,19 @@ class PriorityMax:
         n_leaves = raw_leaves.shape[0]
         _, self.offs, self.depth = _tk.layout(n_leaves)
         self.inner = _tk.aligned_full(int(self.offs[-1]), 0.0)
+        self.root = int(self.offs[self.depth])  #: the root's position in ``inner``
         self._scratch = np.empty(256, dtype=np.int64)
         self.rebuild()
 
     def fix(self, slots: np.ndarray) -> None:
+        """Bring the tree up to date after writes to the leaves at ``slots`` (int64).
+
+        ``slots`` must name every leaf written since the tree was last whole:
+        a path stops where a node keeps its value (:func:`~fastper._kernels.tree.fix_max_paths`).
+        """
         if self._scratch.shape[0] < slots.shape[0]:
             self._scratch = np.empty(slots.shape[0], dtype=np.int64)
-        _tk.fix_paths(self.leaves, self.inner, self.offs, self.depth, slots, self._scratch, _tk.MAX)
+        _tk.fix_max_paths(self.leaves, self.inner, self.offs, self.depth, slots, self._scratch)
 
     def fix_run(self, start: int, count: int) -> None:
         self.fix(np.arange(start, start + count, dtype=np.int64))
@@ -143,7 +149,7 @@ class PriorityMax:
 
     @property
     def max(self) -> float:
-        return float(self.inner[self.offs[self.depth]])
+        return float(self.inner[self.root])
 
 
 class Sampler:
@@ -173,6 +179,16 @@ class Sampler:
             self._limit = self.priority_limit()
             self._limit_alpha = self.alpha
         return self._limit
+
+    #: the max tree over the raw priorities this sampler's writes keep up to date
+    #: themselves (see :meth:`keep_max`); None: the caller fixes its own
+    max_tree: PriorityMax | None = None
+
+    def keep_max(self, tree: PriorityMax) -> None:
+        """Offer to keep ``tree`` (a :class:`PriorityMax` over :attr:`raw_leaves`) up to
+        date in :meth:`write`, :meth:`update_from_td` and :meth:`write_run`; the
+        sampler took it if :attr:`max_tree` is ``tree`` afterwards. Here: never
+        (the caller fixes the tree after each write)."""
 
     def __init__(self, capacity: int, alpha: float, raw_leaves: np.ndarray | None = None) -> None:
         self.capacity = capacity

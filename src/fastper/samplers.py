@@ -166,13 +166,30 @@ class ProportionalSampler(PermutedSampler):
         self._scratch = np.empty(1024, dtype=np.int64)  # kernels' int64 work space
         self._pscratch = np.empty(512, dtype=np.float64)  # priorities of an update
 
+    def keep_max(self, tree: PriorityMax) -> None:
+        """Keep ``tree`` (a max tree over this sampler's raw priorities, laid out
+        as its sum tree) up to date in the writes' own compiled calls:
+        :meth:`write`, :meth:`update_from_td` and :meth:`write_run`."""
+        if (
+            tree.leaves is self.raw_leaves
+            and tree.depth == self.depth
+            and np.array_equal(tree.offs, self.offs)
+        ):
+            self.max_tree = tree
+
     def write(self, slots: np.ndarray, p: np.ndarray, new: bool = False) -> None:
         if self._scratch.shape[0] < slots.shape[0]:
             self._scratch = np.empty(slots.shape[0], dtype=np.int64)
-        _pk.prop_write(
-            self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            slots, p, self.alpha, self._scratch, self.track_min,
-        )  # fmt: skip
+        if self.max_tree is None:
+            _pk.prop_write(
+                self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                slots, p, self.alpha, self._scratch, self.track_min,
+            )  # fmt: skip
+        else:
+            _pk.prop_write_max(
+                self.raw_leaves, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                slots, p, self.alpha, self._scratch, self.track_min, self.max_tree.inner,
+            )  # fmt: skip
 
     def update_from_td(
         self, idx: np.ndarray, td: np.ndarray, keys: np.ndarray, use_keys: bool, eps: float,
@@ -183,20 +200,35 @@ class ProportionalSampler(PermutedSampler):
             self._scratch = np.empty(2 * b, dtype=np.int64)
         if self._pscratch.shape[0] < b:
             self._pscratch = np.empty(b, dtype=np.float64)
+        if self.max_tree is None:
+            return float(
+                _pk.prop_update(
+                    self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                    idx, td, keys, use_keys, eps, clip, self.alpha, self._priority_limit(),
+                    size, key_base, added, self.capacity, self._pscratch, self._scratch,
+                    status, self.track_min,
+                )
+            )  # fmt: skip
         return float(
-            _pk.prop_update(
-                self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+            _pk.prop_update_max(
+                self.raw_leaves, self.leaves, self.sinner, self.minner, self.offs, self.depth,
                 idx, td, keys, use_keys, eps, clip, self.alpha, self._priority_limit(), size,
                 key_base, added, self.capacity, self._pscratch, self._scratch, status,
-                self.track_min,
+                self.track_min, self.max_tree.inner,
             )
         )  # fmt: skip
 
     def write_run(self, start: int, count: int, p: float) -> None:
-        _pk.prop_write_run(
-            self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
-            start, count, p, self.alpha, self.track_min,
-        )  # fmt: skip
+        if self.max_tree is None:
+            _pk.prop_write_run(
+                self.raw, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                start, count, p, self.alpha, self.track_min,
+            )  # fmt: skip
+        else:
+            _pk.prop_write_run_max(
+                self.raw_leaves, self.leaves, self.sinner, self.minner, self.offs, self.depth,
+                start, count, p, self.alpha, self.track_min, self.max_tree.inner,
+            )  # fmt: skip
 
     def set_alpha(self, alpha: float, n: int) -> None:
         self.alpha = float(alpha)

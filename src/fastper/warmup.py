@@ -108,6 +108,10 @@ def _buffers(rng: np.random.Generator) -> None:
         _learner_steps(cls(N, FIELDS, seed=0), rng, updates=cls is not ReplayBuffer)
     buf = PrioritizedReplayBuffer(N, FIELDS, alpha=0.6, seed=0)
     _learner_steps(buf, rng)
+    # the writes that keep the max tree of max_priority="current" (in the index's
+    # own calls; a rank-based index leaves it to the tree's)
+    for kind in (PrioritizedReplayBuffer, RankBasedReplayBuffer):
+        _learner_steps(kind(N, FIELDS, max_priority="current", seed=0), rng)
     buf.set_alpha(0.5)
     buf.priorities(np.arange(4))
     buf.keys(np.arange(4))

@@ -76,6 +76,78 @@ def test_current_max_follows_what_the_buffer_holds():
     assert buf.max_priority == 1.0
 
 
+def _assert_max_tree_whole(buf) -> None:
+    """The current-max tree is what a rebuild from the priorities gives, and its max
+    is the largest priority held (1.0 when none), within the cap."""
+    tree = buf._current_max
+    inner = tree.inner.copy()
+    tree.rebuild()
+    np.testing.assert_array_equal(tree.inner, inner)
+
+
+@pytest.mark.parametrize("capacity", [4, 23, 600])
+@pytest.mark.parametrize("clip", [None, 2.0])
+def test_current_max_gives_adds_in_runs_what_adds_one_at_a_time_get(capacity, clip):
+    # New slots' priorities wait in a run until the next call that reads the index;
+    # the max tree takes them then (a proportional index keeps it in its own writes,
+    # a rank-based one leaves it to the buffer). A buffer whose runs are flushed
+    # after every add (through a locked read) must end with the same priorities and
+    # max, whatever the ring overwrote meanwhile (the max's own slot included).
+    rng = np.random.default_rng(11 + capacity)
+    kw = {"max_priority": "current", "clip": clip, "eps": 1e-6, "seed": 0}
+    runs = fastper.PrioritizedReplayBuffer(capacity, FIELDS, **kw)
+    one = fastper.PrioritizedReplayBuffer(capacity, FIELDS, **kw)
+    assert runs._sampler.max_tree is runs._current_max  # kept by the sampler's writes
+    longest = 0
+    for round_ in range(120):
+        for _ in range(int(rng.integers(1, 9))):
+            k = int(rng.integers(1, 4))
+            if rng.random() < 0.1:  # given priorities: written at once
+                p = 10.0 ** rng.uniform(-3, 1, k)
+                np.testing.assert_array_equal(
+                    runs.add(_data(k), priorities=p), one.add(_data(k), priorities=p)
+                )
+            else:
+                np.testing.assert_array_equal(runs.add(_data(k)), one.add(_data(k)))
+            assert runs.max_priority == one.max_priority  # read without a flush
+            one.is_valid([0])  # a locked call: the run goes into the index now
+            longest = max(longest, runs._run_count)
+        n = len(runs)
+        idx = rng.integers(0, n, int(rng.integers(1, 6)))
+        td = 10.0 ** rng.uniform(-3, 1, idx.shape[0])
+        assert runs.update_priorities(idx, td) == one.update_priorities(idx, td)
+        if rng.random() < 0.2:
+            slot = [int(rng.integers(0, n))]
+            assert runs.invalidate(slot) == one.invalidate(slot)
+        if round_ % 40 == 39:  # the other scheme, then back: the tree follows
+            scheme = "rank" if runs.scheme == "proportional" else "proportional"
+            runs.switch_scheme(scheme)
+            one.switch_scheme(scheme)
+        everything = np.arange(n)
+        np.testing.assert_array_equal(runs.priorities(everything), one.priorities(everything))
+        assert runs.max_priority == one.max_priority
+        _assert_max_tree_whole(runs)
+        held = runs.priorities(everything)[runs.is_valid(everything)]
+        expect = held.max() if held.size and held.max() > 0 else 1.0
+        assert runs.max_priority == min(expect, (clip or np.inf) + 1e-6)
+    assert longest >= min(8, capacity)  # the runs were runs (at most to the ring's end)
+
+
+def test_current_max_tree_stays_kept_through_a_checkpoint(tmp_path):
+    buf = fastper.PrioritizedReplayBuffer(40, FIELDS, max_priority="current", seed=0)
+    buf.add(_data(30), priorities=np.linspace(0.1, 3.0, 30))
+    buf.save(tmp_path / "b.fpk")
+    for back in (fastper.load(tmp_path / "b.fpk"), buf):
+        if back is buf:
+            buf.load_state_dict(buf.state_dict())
+        assert back._sampler.max_tree is back._current_max
+        assert back.max_priority == 3.0
+        back.update_priorities([29], [0.5], keys=back.keys([29]))  # the max falls
+        assert back.max_priority == pytest.approx(np.linspace(0.1, 3.0, 30)[28])
+        back.add(_data(5))
+        _assert_max_tree_whole(back)
+
+
 def test_last_max_is_the_largest_of_the_latest_update():
     buf = fastper.PrioritizedReplayBuffer(
         6, FIELDS, eps=1e-6, clip=50.0, max_priority="last", seed=0

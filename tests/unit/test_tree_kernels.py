@@ -4,7 +4,8 @@
   levels, whole levels on the small ones) leaves every internal node exactly
   as a rebuild from the leaves does, for sum, zero-skipping min and max trees,
   with duplicates, sorted, contiguous and random batches, and batches larger
-  than whole levels.
+  than whole levels; a max tree's paths that stop where a node keeps its
+  value leave what whole paths leave.
 * The proportional sampler's fused draw finds the leaves the tree's search
   finds, and its permuted form equals the plain form indexed by the
   permutation.
@@ -97,6 +98,40 @@ def test_tree_set_matches_rebuild_for_sum_min_and_max(capacity: int) -> None:
         inner = pmax.inner.copy()
         pmax.rebuild()
         assert bits(pmax.inner) == bits(inner)
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_max_paths_that_stop_early_leave_what_full_paths_leave(capacity: int) -> None:
+    # fix_max_paths stops a path at the first node that keeps its value; fix_paths
+    # recomputes every ancestor. Values from a small set make ties (a leaf rising to
+    # its parent's max, the max's holder falling while a sibling holds the same), and
+    # rounds that only raise or only lower move the max up and down the tree.
+    rng = np.random.default_rng(SEED + 7 * capacity)
+    levels = np.array([0.0, 0.5, 1.0, 2.0, 3.0, 1e300])
+    raw = new_priorities(capacity)
+    raw[:capacity] = rng.choice(levels[:5], capacity)
+    _, offs, depth = _tk.layout(raw.shape[0])
+    early = _tk.aligned_full(int(offs[-1]), 0.0)
+    _tk.rebuild(raw, early, offs, depth, _tk.MAX)
+    full = early.copy()
+    for round_ in range(12):
+        for idx in batches(rng, capacity):
+            if round_ % 3 == 0:  # only raise
+                vals = np.maximum(raw[idx], rng.choice(levels, idx.shape[0]))
+            elif round_ % 3 == 1:  # only lower
+                vals = np.minimum(raw[idx], rng.choice(levels[:4], idx.shape[0]))
+            else:
+                vals = rng.choice(levels[:5], idx.shape[0])
+            for k in range(idx.shape[0]):  # last duplicate wins
+                raw[idx[k]] = vals[k]
+            scratch = np.empty(max(idx.shape[0], 1), dtype=np.int64)
+            _tk.fix_max_paths(raw, early, offs, depth, idx, scratch)
+            _tk.fix_paths(raw, full, offs, depth, idx, scratch, _tk.MAX)
+            assert bits(early) == bits(full), (round_, idx.shape[0])
+    rebuilt = early.copy()
+    _tk.rebuild(raw, rebuilt, offs, depth, _tk.MAX)
+    assert bits(rebuilt) == bits(early)
+    assert early[offs[depth]] == raw.max()
 
 
 @pytest.mark.parametrize("capacity", [1, 9, 513, 40_000])

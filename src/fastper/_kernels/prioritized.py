@@ -22,6 +22,8 @@ from .tree import (
     _find_careful,
     _sum8,
     _u,
+    fix_max_paths,
+    fix_max_range,
     fix_paths,
     fix_sum_min_paths,
     rebuild,
@@ -162,6 +164,53 @@ def prop_update(
             scratch[b:],
             with_min,
         )
+    return pmax
+
+
+# ---------------------------------------------------------------------------
+# the same writes keeping a max tree of the raw priorities (max_priority="current")
+# ---------------------------------------------------------------------------
+# Separate kernels, so that buffers without that tree pass no array more (each
+# costs the dispatch a little) and compile nothing more. Each is its plain
+# kernel, then the max tree's paths: one dispatch instead of two, about 1.5 us a
+# call. ``raw`` is the whole padded priority array here (the max tree's leaves:
+# its padding holds 0), ``max_inner`` the inner nodes of that tree, laid out as
+# the sum tree's.
+
+
+@njit(cache=True, nogil=True)
+def prop_write_max(
+    raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch, with_min, max_inner
+):  # pragma: no cover
+    """:func:`prop_write`, then the max tree's paths above ``indices``."""
+    prop_write(raw, leaves, sinner, minner, offs, depth, indices, p, alpha, scratch, with_min)
+    fix_max_paths(raw, max_inner, offs, depth, indices, scratch)
+
+
+@njit(cache=True, nogil=True)
+def prop_write_run_max(
+    raw, leaves, sinner, minner, offs, depth, start, count, p, alpha, with_min, max_inner
+):  # pragma: no cover
+    """:func:`prop_write_run`, then the max tree's nodes above the run."""
+    prop_write_run(raw, leaves, sinner, minner, offs, depth, start, count, p, alpha, with_min)
+    fix_max_range(raw, max_inner, offs, depth, start, count)
+
+
+@njit(cache=True, nogil=True)
+def prop_update_max(
+    raw, leaves, sinner, minner, offs, depth, indices, td, keys, use_keys, eps, clip, alpha,
+    p_limit, size, key_base, added, capacity, out_p, scratch, status, with_min, max_inner,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`prop_update`, then the max tree's paths above the slots it wrote (those
+    it kept: ``scratch[:kept]``; the paths' scratch after them)."""
+    pmax = prop_update(
+        raw, leaves, sinner, minner, offs, depth, indices, td, keys, use_keys, eps, clip,
+        alpha, p_limit, size, key_base, added, capacity, out_p, scratch, status, with_min,
+    )  # fmt: skip
+    kept = status[2]
+    if status[0] == 0 and kept > 0:
+        b = indices.shape[0]
+        fix_max_paths(raw, max_inner, offs, depth, scratch[:kept], scratch[b:])
     return pmax
 
 
