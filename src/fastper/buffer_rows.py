@@ -354,10 +354,11 @@ class RowsMixin(SamplingMixin):
         next write that does not extend the run, so many single adds cost one
         write of a run. Written at once where something reads the priorities
         before that (frame invalidation). The "current" max-priority policy's
-        max tree takes the run with the index: until then it holds neither the
-        run nor what the run overwrote, and still gives the new priority the
-        whole state would, the run's own (the run took the tree's max, capped,
-        and every priority it hides or overwrites is at most that max). The
+        max tree takes the run with the index. Until then it holds the
+        priorities from before the run (those the run overwrites included),
+        and its root is still the max ``M`` the run's priority was made from:
+        ``min(M if M > 0 else 1.0, cap)``. The whole state would give the same,
+        since every priority held besides the run's is at most ``M``. The
         case of a run extended is also read inline by
         :meth:`_store_direct` (the most frequent add): a change here is a
         change there.
@@ -367,6 +368,9 @@ class RowsMixin(SamplingMixin):
             if run:
                 self._flush_run()
             self._sampler.write_run(start, count, priority)
+            tree = self._current_max  # (as _flush_run)
+            if tree is not None and self._sampler.max_tree is not tree:
+                tree.fix_run(start, count)
         elif run and self._run_start + run == start and priority == self._run_priority and run < RUN_LIMIT:
             self._run_count = run + count
         else:

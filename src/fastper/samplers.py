@@ -102,7 +102,11 @@ class UniformSampler(Sampler):
         if self.count is None:
             self.count = SumTree(self.capacity)
             self.count.set(np.arange(n, dtype=np.int64), self._ones(n))
-        self.count.set(slots, np.zeros(slots.shape[0]))
+        zeros = np.zeros(slots.shape[0])
+        self.count.set(slots, zeros)
+        # an invalid slot holds no priority, as under the other schemes (the
+        # "current" max-priority policy's max counts only what is held)
+        _tk.write_leaves(self.raw, slots, zeros)
 
     def all_valid(self) -> None:
         """No slot is invalid any more: drop the count tree. O(1)."""

@@ -76,29 +76,42 @@ def test_current_max_follows_what_the_buffer_holds():
     assert buf.max_priority == 1.0
 
 
-def _assert_max_tree_whole(buf) -> None:
-    """The current-max tree is what a rebuild from the priorities gives, and its max
-    is the largest priority held (1.0 when none), within the cap."""
+def _assert_max_tree_whole(buf, clip=None, eps=1e-6) -> None:
+    """The current-max tree is what a rebuild from the priorities gives, and the
+    buffer's max is the largest valid priority held (1.0 when none), within the cap."""
     tree = buf._current_max
     inner = tree.inner.copy()
     tree.rebuild()
     np.testing.assert_array_equal(tree.inner, inner)
+    everything = np.arange(len(buf))
+    held = buf.priorities(everything)[buf.is_valid(everything)]
+    expect = held.max() if held.size and held.max() > 0 else 1.0
+    assert buf.max_priority == min(expect, (np.inf if clip is None else clip + eps))
 
 
+KINDS_WITH_PRIORITIES = [
+    fastper.PrioritizedReplayBuffer,
+    fastper.RankBasedReplayBuffer,
+    fastper.ReplayBuffer,
+]
+
+
+@pytest.mark.parametrize("cls", KINDS_WITH_PRIORITIES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("capacity", [4, 23, 600])
 @pytest.mark.parametrize("clip", [None, 2.0])
-def test_current_max_gives_adds_in_runs_what_adds_one_at_a_time_get(capacity, clip):
+def test_current_max_gives_adds_in_runs_what_adds_one_at_a_time_get(cls, capacity, clip):
     # New slots' priorities wait in a run until the next call that reads the index;
     # the max tree takes them then (a proportional index keeps it in its own writes,
-    # a rank-based one leaves it to the buffer). A buffer whose runs are flushed
-    # after every add (through a locked read) must end with the same priorities and
-    # max, whatever the ring overwrote meanwhile (the max's own slot included).
+    # the others leave it to the buffer). A buffer whose runs are flushed after
+    # every add (through a locked read) must end with the same priorities and max,
+    # whatever the ring overwrote meanwhile (the max's own slot included).
     rng = np.random.default_rng(11 + capacity)
     kw = {"max_priority": "current", "clip": clip, "eps": 1e-6, "seed": 0}
-    runs = fastper.PrioritizedReplayBuffer(capacity, FIELDS, **kw)
-    one = fastper.PrioritizedReplayBuffer(capacity, FIELDS, **kw)
-    assert runs._sampler.max_tree is runs._current_max  # kept by the sampler's writes
+    runs, one = cls(capacity, FIELDS, **kw), cls(capacity, FIELDS, **kw)
+    if cls is fastper.PrioritizedReplayBuffer:
+        assert runs._sampler.max_tree is runs._current_max  # kept by the index's writes
     longest = 0
+    old_keys = None
     for round_ in range(120):
         for _ in range(int(rng.integers(1, 9))):
             k = int(rng.integers(1, 4))
@@ -109,28 +122,66 @@ def test_current_max_gives_adds_in_runs_what_adds_one_at_a_time_get(capacity, cl
                 )
             else:
                 np.testing.assert_array_equal(runs.add(_data(k)), one.add(_data(k)))
-            assert runs.max_priority == one.max_priority  # read without a flush
-            one.is_valid([0])  # a locked call: the run goes into the index now
+            one.is_valid([0])  # a locked call: its run goes into the index now
+            assert runs.max_priority == one.max_priority  # runs': read with its run pending
             longest = max(longest, runs._run_count)
         n = len(runs)
         idx = rng.integers(0, n, int(rng.integers(1, 6)))
         td = 10.0 ** rng.uniform(-3, 1, idx.shape[0])
-        assert runs.update_priorities(idx, td) == one.update_priorities(idx, td)
+        keys = runs.keys(idx)
+        if old_keys is not None and rng.random() < 0.3:  # some of them stale by now
+            keys[0] = old_keys[0]
+        old_keys = keys
+        assert runs.update_priorities(idx, td, keys=keys) == one.update_priorities(
+            idx, td, keys=keys
+        )
         if rng.random() < 0.2:
             slot = [int(rng.integers(0, n))]
             assert runs.invalidate(slot) == one.invalidate(slot)
-        if round_ % 40 == 39:  # the other scheme, then back: the tree follows
+        if round_ % 40 == 39 and cls is not fastper.ReplayBuffer:  # the other scheme, and back
             scheme = "rank" if runs.scheme == "proportional" else "proportional"
             runs.switch_scheme(scheme)
             one.switch_scheme(scheme)
         everything = np.arange(n)
         np.testing.assert_array_equal(runs.priorities(everything), one.priorities(everything))
         assert runs.max_priority == one.max_priority
-        _assert_max_tree_whole(runs)
-        held = runs.priorities(everything)[runs.is_valid(everything)]
-        expect = held.max() if held.size and held.max() > 0 else 1.0
-        assert runs.max_priority == min(expect, (clip or np.inf) + 1e-6)
+        _assert_max_tree_whole(runs, clip)
+    assert runs.stale_updates > 0
     assert longest >= min(8, capacity)  # the runs were runs (at most to the ring's end)
+
+
+@pytest.mark.parametrize("cls", KINDS_WITH_PRIORITIES, ids=lambda c: c.__name__)
+def test_current_max_counts_new_transitions_of_a_frame_buffer(cls):
+    # A frame buffer writes new slots' priorities at once (frames invalidate
+    # slots): the max tree must take them then, under every index.
+    fields = {
+        "obs": ((2,), np.uint8), "next_obs": ((2,), np.uint8), "action": ((), np.int64),
+        "reward": ((), np.float32), "terminated": ((), np.bool_), "truncated": ((), np.bool_),
+    }  # fmt: skip
+    buf = cls(64, fields, frame_stack={"obs": 2}, frame_capacity=48, max_priority="current",
+              seed=0)  # fmt: skip
+    rng = np.random.default_rng(5)
+
+    def step(t):
+        return {"obs": np.full(2, t % 250, np.uint8), "next_obs": np.full(2, (t + 1) % 250, np.uint8),
+                "action": 0, "reward": 0.0, "terminated": t % 17 == 16, "truncated": False}  # fmt: skip
+
+    for t in range(8):
+        buf.add(step(t))
+    buf.update_priorities(np.arange(8), np.full(8, 10.0))
+    for t in range(8, 20):  # new transitions at the max held: 10
+        buf.add(step(t))
+    buf.update_priorities(np.arange(8), np.full(8, 0.5))  # 10 is still held, by 8..19
+    assert buf.max_priority == pytest.approx(10.0 + 1e-6)
+    _assert_max_tree_whole(buf)
+    for t in range(20, 300):  # the ring and the frame ring wrap, slots go invalid
+        buf.add(step(t))
+        if t % 7 == 0:
+            idx = rng.integers(0, len(buf), 5)
+            valid = idx[buf.is_valid(idx)]
+            buf.update_priorities(valid, 10.0 ** rng.uniform(-2, 1, valid.shape[0]))
+        if t % 13 == 0:
+            _assert_max_tree_whole(buf)
 
 
 def test_current_max_tree_stays_kept_through_a_checkpoint(tmp_path):
