@@ -367,10 +367,7 @@ class RowsMixin(SamplingMixin):
         if self._frames is not None:
             if run:
                 self._flush_run()
-            self._sampler.write_run(start, count, priority)
-            tree = self._current_max  # (as _flush_run)
-            if tree is not None and self._sampler.max_tree is not tree:
-                tree.fix_run(start, count)
+            self._write_run(start, count, priority)
         elif run and self._run_start + run == start and priority == self._run_priority and run < RUN_LIMIT:
             self._run_count = run + count
         else:
@@ -381,10 +378,15 @@ class RowsMixin(SamplingMixin):
     def _flush_run(self) -> None:
         """Give the deferred run of new slots their priority in the index. O(run + log N)."""
         count, self._run_count = self._run_count, 0
-        self._sampler.write_run(self._run_start, count, self._run_priority)
+        self._write_run(self._run_start, count, self._run_priority)
+
+    def _write_run(self, start: int, count: int, priority: float) -> None:
+        """Give ``count`` new slots from ``start`` (no wrap) ``priority`` in the index,
+        and in the "current" policy's max tree where the index does not keep it."""
+        self._sampler.write_run(start, count, priority)
         tree = self._current_max
         if tree is not None and self._sampler.max_tree is not tree:
-            tree.fix_run(self._run_start, count)
+            tree.fix_run(start, count)
 
     def _given_priorities(self, priorities: Any, k: int) -> np.ndarray | None:
         """``add``'s ``priorities`` as k checked values (None: not given)."""

@@ -142,7 +142,9 @@ class PriorityMax:
         _tk.fix_max_paths(self.leaves, self.inner, self.offs, self.depth, slots, self._scratch)
 
     def fix_run(self, start: int, count: int) -> None:
-        self.fix(np.arange(start, start + count, dtype=np.int64))
+        """Bring the tree up to date after writes to the leaves ``start .. start+count-1``
+        (no wrap): each parent above the range once. O(count + log N)."""
+        _tk.fix_max_range(self.leaves, self.inner, self.offs, self.depth, start, count)
 
     def rebuild(self) -> None:
         _tk.rebuild(self.leaves, self.inner, self.offs, self.depth, _tk.MAX)
