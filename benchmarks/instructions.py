@@ -157,7 +157,8 @@ def _sb3_adds() -> dict[str, Callable[[], object]]:
         act = rng.integers(0, 2, n_envs)  # Discrete actions as SB3's DQN passes them
         rew = rng.standard_normal(n_envs).astype(np.float32)
         done = np.zeros(n_envs, dtype=bool)
-        infos: list[dict[str, object]] = [{} for _ in range(n_envs)]
+        # (as SB3's VecEnvs give them: every info names the time-limit flag)
+        infos: list[dict[str, object]] = [{"TimeLimit.truncated": False} for _ in range(n_envs)]
         step = (obs, nxt, act, rew, done, infos)
         drop = DropIn(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs, seed=0)
         sb3 = ReplayBuffer(CAPACITY, obs_space, act_space, device="cpu", n_envs=n_envs)

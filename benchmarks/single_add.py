@@ -63,7 +63,8 @@ def cases() -> dict[str, tuple[Callable[[], object], str]]:
         a = rng.integers(0, 2, n_envs)  # Discrete actions as SB3's DQN passes them
         r = rng.standard_normal(n_envs).astype(np.float32)
         d = np.zeros(n_envs, dtype=bool)
-        infos: list[dict[str, object]] = [{} for _ in range(n_envs)]
+        # (as SB3's VecEnvs give them: every info names the time-limit flag)
+        infos: list[dict[str, object]] = [{"TimeLimit.truncated": False} for _ in range(n_envs)]
         ref = f"SB3 ReplayBuffer.add, n_envs={n_envs}"
         out[ref] = ((lambda b=sb3, o=o, a=a, r=r, d=d, i=infos: b.add(o, o, a, r, d, i)), ref)
         out[f"fastper SB3 drop-in add, n_envs={n_envs}"] = (

@@ -145,7 +145,11 @@ class SamplingMixin(StateMixin):
             ValueError, TypeError: a bad ``batch_size`` (at most 2^24, or what
                 fits in memory) or ``beta``.
         """
-        with self._lock:  # (not @locked: one call frame less on the learner's every step)
+        # (not @locked, nor `with`: acquire and release cost less than a context
+        # manager's calls, on the most frequent calls)
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._run_count:  # new transitions' priorities not yet in the index
                 self._flush_run()
             idx, prob, weights, keys, beta_v, undo = self._draw(batch_size, beta)
@@ -157,6 +161,8 @@ class SamplingMixin(StateMixin):
                 raise
             self._after_draw()
             return SampleBatch._made(data, idx, weights, prob, keys, beta_v)
+        finally:
+            lock.release()
 
     @locked
     def draw(

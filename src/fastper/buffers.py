@@ -330,7 +330,11 @@ class _Buffer(RowsMixin):
             InvalidIndexError: an index out of range or never written.
             ValueError: td errors not finite, lengths differ, bad keys.
         """
-        with self._lock:  # (not @locked: one call frame less on the learner's every step)
+        # (not @locked, nor `with`: acquire and release cost less than a context
+        # manager's calls, on the most frequent calls)
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._run_count:  # new transitions' priorities not yet in the index
                 self._flush_run()
             if type(indices) is SampleBatch and keys is None:  # the learner's usual call
@@ -390,6 +394,8 @@ class _Buffer(RowsMixin):
                     tree.fix(idx)
             self._stale_updates += stale + invalid
             return kept
+        finally:
+            lock.release()
 
     def _raise_update_error(
         self, code: int, idx: np.ndarray, td: np.ndarray, keys: np.ndarray

@@ -505,8 +505,33 @@ class DirectRows:
         matched itself (see :meth:`write`), after the test that the field ``reward``
         (None: no test) holds no NaN or inf; whether it stored them (False:
         nothing stored, a reward refused). O(fields) for one row. ``block``: as
-        :meth:`putter`'s."""
+        :meth:`putter`'s.
+
+        A field of shape ``(1,)`` also takes ``rows >= 1`` rows as a flat array of
+        shape ``(rows,)`` (as SB3's DQN passes Discrete actions), stored into a
+        view of its column without that axis: no view of the value to make. Its
+        value must then be an array (the caller's checks): which form it is, is
+        read from its ``ndim``."""
         return self._with_reward_check(reward, _exact_put_source, "put_exact", block)
+
+    def flat_columns(self, block: int) -> dict[str, np.ndarray]:
+        """The columns of the fields of shape ``(1,)`` as views without that axis:
+        ``FLATi`` of shape ``(capacity,)`` and, where :meth:`block_columns` has
+        views, ``FLATBLOCKi`` of shape ``(capacity // block, block)``."""
+        blocked = bool(self.block_columns(block))
+        out: dict[str, np.ndarray] = {}
+        for i, (col, entry) in enumerate(zip(self.columns, self.entries, strict=True)):
+            if entry[1] != (1,):
+                continue
+            views: dict[str, np.ndarray] = {f"FLAT{i}": col.reshape(self.capacity)}
+            if blocked:
+                views[f"FLATBLOCK{i}"] = col.reshape(self.capacity // block, block)
+            for view in views.values():
+                # (dropping an axis of 1 never copies)
+                if col.size and not np.may_share_memory(view, col):
+                    raise AssertionError("a flat view of a column must be a view")
+            out.update(views)
+        return out
 
     def block_columns(self, block: int) -> dict[str, np.ndarray]:
         """The columns as views of shape ``(capacity // block, block, *shape)``
@@ -536,7 +561,7 @@ class DirectRows:
         index = None if reward is None else self.names.index(reward)
         blocks = self.block_columns(block)
         constants = {
-            **self._constants, **blocks, "ISFINITE": math.isfinite,
+            **self._constants, **blocks, **self.flat_columns(block), "ISFINITE": math.isfinite,
             "FLOATS_FINITE": floats_finite, "REWARDS_FINITE": rewards_finite,
         }  # fmt: skip
         text = source(self.entries, self._long_runs, index, block if blocks else 0)
@@ -780,70 +805,88 @@ def _write_source(count: int, long_runs: tuple[bool, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_lines(count: int, long_runs: tuple[bool, ...], block: int = 0) -> list[str]:
+def _write_lines(
+    count: int, long_runs: tuple[bool, ...], block: int = 0, flat: tuple[int, ...] = ()
+) -> list[str]:
     """The stores of :attr:`DirectRows.write`: values ``v0, v1, ..`` of count ``k``
     (-1: one transition) into the columns from slot ``start``, one branch per kind
     of count (:func:`_store_body`; several rows: :func:`_rows_lines`, with its
-    branch for ``block`` rows where ``block`` > 1)."""
+    branch for ``block`` rows where ``block`` > 1). ``flat``: the columns (of
+    fields of shape ``(1,)``) whose rows may also come flat (see
+    :meth:`DirectRows.exact_putter`)."""
     v: list[str | None] = [f"v{i}" for i in range(count)]
     lines = ["    if k == -1:", *("        " + x for x in _store_body(count, long_runs, v, -1, "k"))]
     lines.append(
         "    elif k == 1:  # a batch of one row (a single env's step): an index beats a slice"
     )
     lines += ["        " + x for x in _store_body(count, long_runs, v, 1, "k")]
-    return [*lines, "    else:", *("        " + x for x in _rows_lines(count, long_runs, v, block, "k"))]
+    rows = _rows_lines(count, long_runs, v, block, "k", flat)
+    return [*lines, "    else:", *("        " + x for x in rows)]
 
 
 def _store_body(
     count: int, long_runs: tuple[bool, ...], values: Sequence[str | None], kind: int | str,
-    k: str,
+    k: str, flat: tuple[int, ...] = (),
 ) -> list[str]:  # fmt: skip
     """The stores of one branch of :attr:`DirectRows.write`, unindented: expression
     ``values[i]`` into column ``i`` (None: no line) from slot ``start``. ``kind``:
     -1 (one transition), 1 (a batch of one row), ``"run"`` (``k`` rows, slices) or
     ``"long"`` (``k`` rows, through the columns' writers ``PUTi`` where
-    ``long_runs[i]``); ``k``: the count's expression."""
+    ``long_runs[i]``); ``k``: the count's expression. The columns ``flat`` also
+    take rows as a flat array (``"run"`` and ``"long"``: into the view ``FLATi``;
+    a batch of one row broadcasts as it is)."""
     if kind == -1:
         return [f"COL{i}[start] = {x}" for i, x in enumerate(values) if x is not None]
     if kind == 1:
         return [f"BY_ONE{i}[start] = {x}" for i, x in enumerate(values) if x is not None]
     lines = [f"end = start + {k}"]
     for i, x in enumerate(values):
-        if x is not None:
-            put = kind == "long" and long_runs[i]
+        if x is None:
+            continue
+        put = kind == "long" and long_runs[i]
+        if i not in flat:
             lines.append(f"PUT{i}(start, {x})" if put else f"COL{i}[start:end] = {x}")
+        elif put:
+            lines.append(f"PUT{i}(start, {x} if {x}.ndim > 1 else {x}.reshape(-1, 1))")
+        else:
+            lines.append(f"(FLAT{i} if {x}.ndim == 1 else COL{i})[start:end] = {x}")
     return lines
 
 
 def _block_lines(
-    values: Sequence[str | None], block: int, k: str
+    values: Sequence[str | None], block: int, k: str, flat: tuple[int, ...] = ()
 ) -> tuple[str, list[str]]:
     """The test and the stores (unindented) of a branch for ``block`` rows stored
     from a slot that is a multiple of ``block`` (a vector env's steps, one after
     another): each into the column viewed as blocks of that many rows
     (``BLOCKi``, see :meth:`DirectRows.block_columns`), by one integer index,
     which costs less than a slice. ``k``: the count's expression ("": ``block``
-    rows are stored)."""
+    rows are stored). The columns ``flat`` also take flat rows (into
+    ``FLATBLOCKi``, see :meth:`DirectRows.flat_columns`)."""
     test = f"{k} == {block} and not start % {block}" if k else f"not start % {block}"
     body = [f"b = start // {block}"]
-    body += [f"BLOCK{i}[b] = {x}" for i, x in enumerate(values) if x is not None]
+    for i, x in enumerate(values):
+        if x is not None:
+            to = f"(FLATBLOCK{i} if {x}.ndim == 1 else BLOCK{i})" if i in flat else f"BLOCK{i}"
+            body.append(f"{to}[b] = {x}")
     return test, body
 
 
 def _rows_lines(
-    count: int, long_runs: tuple[bool, ...], values: Sequence[str | None], block: int, k: str
-) -> list[str]:
+    count: int, long_runs: tuple[bool, ...], values: Sequence[str | None], block: int, k: str,
+    flat: tuple[int, ...] = (),
+) -> list[str]:  # fmt: skip
     """The stores of ``k`` rows (an expression; at least 2), unindented: by blocks
     where ``block`` > 1 (:func:`_block_lines`), as a long run through the columns'
     writers where a column has one and ``k`` reaches :data:`_ITEM_ROWS`, else
-    by slices (:func:`_store_body`)."""
+    by slices (:func:`_store_body`). ``flat``: as :func:`_store_body`'s."""
     branches = []
     if block > 1:
-        branches.append(_block_lines(values, block, k))
-    last = _store_body(count, long_runs, values, "run", k)
+        branches.append(_block_lines(values, block, k, flat))
+    last = _store_body(count, long_runs, values, "run", k, flat)
     if any(long_runs):
         branches.append((f"{k} < {_ITEM_ROWS}", last))
-        last = _store_body(count, long_runs, values, "long", k)
+        last = _store_body(count, long_runs, values, "long", k, flat)
     lines = []
     for j, (test, body) in enumerate(branches):
         lines += [f"{'el' if j else ''}if {test}:", *("    " + x for x in body)]
@@ -879,7 +922,9 @@ def _exact_put_source(
     values = ", ".join(f"v{i}" for i in range(len(entries)))
     lines = ["def put_exact(start, values, rows):", f"    {values}, = values"]
     lines += _reward_lines(entries, reward, "False")
-    lines += ["    k = rows", *_write_lines(len(entries), long_runs, block), "    return True"]
+    flat = tuple(i for i, entry in enumerate(entries) if entry[1] == (1,))
+    stores = _write_lines(len(entries), long_runs, block, flat)
+    lines += ["    k = rows", *stores, "    return True"]
     return "\n".join(lines) + "\n"
 
 

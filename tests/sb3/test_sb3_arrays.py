@@ -245,3 +245,56 @@ def test_n_step_buffers_refuse_the_arrays_and_pos_with_the_reason() -> None:
     with pytest.raises(ValueError, match="n_steps=3"):
         ours.full = True
     assert (ours.pos, ours.full, len(ours.fastper_buffer)) == (0, False, 0)
+
+
+@pytest.mark.parametrize("n_envs", [2, 4, 300])
+@pytest.mark.parametrize(
+    "act", [spaces.Discrete(3), spaces.Box(-1.0, 1.0, (1,), np.float32), spaces.MultiDiscrete([4])]
+)
+def test_one_action_per_env_is_stored_as_sb3_stores_it_flat_or_as_a_column(act, n_envs) -> None:
+    """Actions of one dimension come flat, ``(n_envs,)`` (SB3's DQN passes Discrete
+    ones so), or as a column, ``(n_envs, 1)``; both are stored as SB3 stores them:
+    by the shortest way (from the first step on, by blocks of ``n_envs`` rows, in
+    long runs with 300 envs) and by the general add where the shortest way
+    declines (an invalid slot) or refuses (a NaN reward: nothing changed)."""
+    obs = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    ours = PrioritizedReplayBuffer(5, obs, act, "cpu", n_envs=n_envs, seed=0)
+    ref = ReplayBuffer(5, obs, act, "cpu", n_envs=n_envs)
+    fast = ours.fastper_buffer
+    exact = fast._add_exact
+    stored = []  # per call of the shortest way: whether it stored the step
+
+    def counted(*args: object) -> bool:
+        out = exact(*args)
+        stored.append(out)
+        return out
+
+    fast._add_exact = counted
+    rng = np.random.default_rng(0)
+    for t in range(8):  # part-filled, full, wrapped
+        o, o2 = (rng.normal(size=(n_envs, 3)).astype(np.float32) for _ in "ab")
+        a = step(act, n_envs, rng)
+        a = a.reshape(n_envs, 1) if t in (1, 3) else a.reshape(n_envs)  # column / flat
+        r = rng.normal(size=n_envs).astype(np.float32)
+        done = rng.random(n_envs) < 0.3
+        infos = [{"TimeLimit.truncated": bool(rng.random() < 0.3)} for _ in range(n_envs)]
+        if t == 4:  # a NaN reward: refused, nothing changed
+            before = {name: getattr(ours, name).copy() for name in ARRAYS}
+            bad = r.copy()
+            bad[-1] = np.nan
+            with pytest.raises(ValueError, match="reward"):
+                ours.add(o, o2, a, bad, done, infos)
+            for name in ARRAYS:
+                np.testing.assert_array_equal(getattr(ours, name), before[name], err_msg=name)
+            assert ours.pos == ref.pos and stored.pop() is False
+        if t == 6:  # an invalid slot: the shortest way declines, the general add stores
+            fast.invalidate(np.array([0]))
+        ours.add(o, o2, a, r, done, infos)
+        ref.add(o, o2, a, r, done, infos)
+        assert stored.pop() is (t != 6), t
+        assert (ours.pos, ours.full) == (ref.pos, ref.full)
+        for name in ARRAYS:
+            mine, theirs = getattr(ours, name), getattr(ref, name)
+            assert mine.shape == theirs.shape and mine.dtype == theirs.dtype, name
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{name} after step {t}")
+    assert not stored

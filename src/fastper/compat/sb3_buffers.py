@@ -701,15 +701,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                                 break
                             i += 1
                 if timeouts is not None:
-                    if acts != action_rows:
-                        action = action[_COLUMN]  # (n_envs,) -> (n_envs, 1), a view
+                    # (flat actions as they are: the storage takes them so, see
+                    # DirectRows.exact_putter)
                     values: list[Any] = [obs, action, reward, next_obs, done, timeouts]
-                    if timeouts.shape != n_rows or not self._buffer._add_exact(
-                        values, n_rows[0], _SB3_ORDER
-                    ):
+                    if (
+                        timeouts is not self._no_timeouts and timeouts.shape != n_rows
+                    ) or not self._buffer._add_exact(values, n_rows[0], _SB3_ORDER):
                         # (flags of another shape, which the general add refuses by
                         # name, or a buffer not in its common state: the general add,
                         # with the flags read above, as each info is read once)
+                        if acts != action_rows:
+                            action = action[_COLUMN]  # (n_envs,) -> (n_envs, 1), a view
                         row = {"obs": obs, "next_obs": next_obs, "action": action, "reward": reward}
                         self._add_rows(row, done, infos, timeouts)
                     return
