@@ -12,6 +12,13 @@ into the source tree's cache instead.
 The hook never fails the build: without numba in the build environment, or if
 compiling fails, it says so and the package is built without the cache. Set
 ``FASTPER_BUILD_KERNEL_CACHE=0`` to skip it (a wheel for other machines).
+
+An editable install into an empty cache also lists the files its warmup wrote
+(``WARMUP_FILES`` in the cache). A later build on the same machine may start from
+them: ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` copies the listed files
+(those still there) into the package copy before the warmup, which then loads them
+instead of compiling them again (a CI job that installs the tree, then builds the
+wheel). The wheel holds what a build from nothing would: the warmup's own files.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 SKIP_ENV = "FASTPER_BUILD_KERNEL_CACHE"
+SEED_ENV = "FASTPER_BUILD_KERNEL_SEED"
+#: in a cache filled by an editable install's warmup from nothing: the files it wrote
+MANIFEST = "WARMUP_FILES"
 #: run in the package copy: checks that it imports that copy, then warms it up
 _WARM = """
 import sys
@@ -54,7 +64,11 @@ class BuildPyWithKernelCache(build_py):
             root = Path(self.get_package_dir("fastper")).resolve().parent
         else:
             root = Path(self.build_lib).resolve()
-            shutil.rmtree(root / "fastper" / "_kernels" / "_numba_cache", ignore_errors=True)
+        cache = root / "fastper" / "_kernels" / "_numba_cache"
+        if not self.editable_mode:
+            shutil.rmtree(cache, ignore_errors=True)
+            _seed(cache, os.environ.get(SEED_ENV))
+        was_empty = not any(cache.glob("*.nb[ic]"))
         env = {
             k: v
             for k, v in os.environ.items()
@@ -77,6 +91,37 @@ class BuildPyWithKernelCache(build_py):
             print(f"fastper: kernels not compiled ({tail}); they compile on first use")
             return
         print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
+        if self.editable_mode and was_empty:
+            try:
+                names = sorted(p.name for p in cache.glob("*.nb[ic]"))
+                (cache / MANIFEST).write_text("".join(f"{n}\n" for n in names))
+            except OSError:
+                pass  # (no list: a later build compiles from nothing)
+
+
+def _seed(cache: Path, seed: str | None) -> None:
+    """Copy the files an editable install's warmup wrote (``seed``: its cache, holding
+    :data:`MANIFEST`) into ``cache``; nothing where there is no such list."""
+    if not seed:
+        return
+    listed = Path(seed) / MANIFEST
+    if not listed.is_file():
+        print(f"fastper: {SEED_ENV}: no {MANIFEST} in {seed} (not an editable install's "
+              "cache filled from nothing); compiling from nothing")  # fmt: skip
+        return
+    try:
+        names = [n for n in listed.read_text().splitlines() if n.endswith((".nbi", ".nbc"))]
+        cache.mkdir(parents=True, exist_ok=True)
+        copied = 0
+        for name in names:
+            if (Path(seed) / name).is_file() and "/" not in name:
+                shutil.copy2(Path(seed) / name, cache / name)
+                copied += 1
+    except OSError as exc:
+        print(f"fastper: {SEED_ENV}: not seeded ({exc}); compiling from nothing")
+        shutil.rmtree(cache, ignore_errors=True)
+        return
+    print(f"fastper: {SEED_ENV}: {copied} of {len(names)} listed cache files copied from {seed}")
 
 
 setup(cmdclass={"build_py": BuildPyWithKernelCache})
