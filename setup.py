@@ -13,12 +13,14 @@ The hook never fails the build: without numba in the build environment, or if
 compiling fails, it says so and the package is built without the cache. Set
 ``FASTPER_BUILD_KERNEL_CACHE=0`` to skip it (a wheel for other machines).
 
-An editable install into an empty cache also lists the files its warmup wrote
-(``WARMUP_FILES`` in the cache). A later build on the same machine may start from
-them: ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` copies the listed files
-(those still there) into the package copy before the warmup, which then loads them
-instead of compiling them again (a CI job that installs the tree, then builds the
-wheel). The wheel holds what a build from nothing would: the warmup's own files.
+An editable install into an empty cache also keeps a copy of what its warmup
+wrote (the folder ``warmup`` in the cache; an install into a cache that held
+anything removes that copy, as it cannot tell the warmup's files from others). A
+later build on the same machine may start from it:
+``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
+those files into the package copy before the warmup, which then loads them instead
+of compiling them again (a CI job that installs the tree, then builds the wheel).
+The wheel then holds what a build from nothing would make: the warmup's files.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from setuptools.command.build_py import build_py
 
 SKIP_ENV = "FASTPER_BUILD_KERNEL_CACHE"
 SEED_ENV = "FASTPER_BUILD_KERNEL_SEED"
-#: in a cache filled by an editable install's warmup from nothing: the files it wrote
-MANIFEST = "WARMUP_FILES"
+#: in a cache an editable install's warmup filled from nothing: a copy of its files
+SNAPSHOT = "warmup"
 #: run in the package copy: checks that it imports that copy, then warms it up
 _WARM = """
 import sys
@@ -65,10 +67,12 @@ class BuildPyWithKernelCache(build_py):
         else:
             root = Path(self.build_lib).resolve()
         cache = root / "fastper" / "_kernels" / "_numba_cache"
-        if not self.editable_mode:
+        if self.editable_mode:
+            was_empty = not any(cache.glob("*.nb[ic]"))
+            shutil.rmtree(cache / SNAPSHOT, ignore_errors=True)
+        else:
             shutil.rmtree(cache, ignore_errors=True)
             _seed(cache, os.environ.get(SEED_ENV))
-        was_empty = not any(cache.glob("*.nb[ic]"))
         env = {
             k: v
             for k, v in os.environ.items()
@@ -93,35 +97,38 @@ class BuildPyWithKernelCache(build_py):
         print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
         if self.editable_mode and was_empty:
             try:
-                names = sorted(p.name for p in cache.glob("*.nb[ic]"))
-                (cache / MANIFEST).write_text("".join(f"{n}\n" for n in names))
-            except OSError:
-                pass  # (no list: a later build compiles from nothing)
+                _copy_cache_files(cache, cache / SNAPSHOT)
+            except OSError:  # (no copy: a later build compiles from nothing)
+                shutil.rmtree(cache / SNAPSHOT, ignore_errors=True)
+
+
+def _copy_cache_files(source: Path, dest: Path) -> int:
+    """Copy numba's cache files (index ``.nbi``, data ``.nbc``) of ``source`` into
+    ``dest``; how many."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = [p for p in source.glob("*.nb[ic]") if p.is_file()]
+    for path in files:
+        shutil.copy2(path, dest / path.name)
+    return len(files)
 
 
 def _seed(cache: Path, seed: str | None) -> None:
-    """Copy the files an editable install's warmup wrote (``seed``: its cache, holding
-    :data:`MANIFEST`) into ``cache``; nothing where there is no such list."""
+    """Start ``cache`` from the copy an editable install's warmup left in the cache
+    ``seed`` (see the module); nothing where there is none."""
     if not seed:
         return
-    listed = Path(seed) / MANIFEST
-    if not listed.is_file():
-        print(f"fastper: {SEED_ENV}: no {MANIFEST} in {seed} (not an editable install's "
-              "cache filled from nothing); compiling from nothing")  # fmt: skip
+    snapshot = Path(seed) / SNAPSHOT
+    if not snapshot.is_dir():
+        print(f"fastper: {SEED_ENV}: no copy of a warmup's files in {seed} (an editable "
+              "install into an empty cache makes one); compiling from nothing")  # fmt: skip
         return
     try:
-        names = [n for n in listed.read_text().splitlines() if n.endswith((".nbi", ".nbc"))]
-        cache.mkdir(parents=True, exist_ok=True)
-        copied = 0
-        for name in names:
-            if (Path(seed) / name).is_file() and "/" not in name:
-                shutil.copy2(Path(seed) / name, cache / name)
-                copied += 1
+        copied = _copy_cache_files(snapshot, cache)
     except OSError as exc:
         print(f"fastper: {SEED_ENV}: not seeded ({exc}); compiling from nothing")
         shutil.rmtree(cache, ignore_errors=True)
         return
-    print(f"fastper: {SEED_ENV}: {copied} of {len(names)} listed cache files copied from {seed}")
+    print(f"fastper: {SEED_ENV}: {copied} cache files of a warmup copied from {snapshot}")
 
 
 setup(cmdclass={"build_py": BuildPyWithKernelCache})

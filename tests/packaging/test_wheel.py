@@ -34,8 +34,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: the whole test (build, check, venv, install, first step, example) is stopped past
 #: this. Most of it is the build compiling every kernel into the wheel (python -m
 #: fastper.warmup: one to four minutes on a 2-core machine), unless this checkout's
-#: editable install compiled them from nothing: the build then starts from the files
-#: that install's warmup wrote (setup.py, FASTPER_BUILD_KERNEL_SEED), about 20 s in all
+#: editable install compiled them from nothing: the build then starts from the copy of
+#: the files that install's warmup wrote (setup.py, FASTPER_BUILD_KERNEL_SEED)
 BUDGET_S = 480
 #: CPU seconds of the first learner step in a new process after installing (PER buffer,
 #: add, sample, update): about 0.2 s when it loads its kernels, about 8.5 s compiling
@@ -115,6 +115,8 @@ def _build(project: Path, out: Path, deadline: float) -> tuple[Path, Path]:
     env = dict(os.environ, FASTPER_BUILD_KERNEL_SEED=str(PACKAGE_CACHE))
     done = _run([*cmd, str(project)], project, deadline, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if (PACKAGE_CACHE / "warmup").is_dir():  # (such an install: the build started from it)
+        assert "cache files of a warmup copied" in done.stdout + done.stderr, done.stdout[-3000:]
     wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
     return wheels[0], sdists[0]
