@@ -14,7 +14,8 @@ compiling fails, it says so and the package is built without the cache. Set
 ``FASTPER_BUILD_KERNEL_CACHE=0`` to skip it (a wheel for other machines).
 
 An editable install into an empty cache also keeps a copy of what its warmup
-wrote (the folder ``warmup`` in the cache; an install into a cache that held
+wrote (the archive ``warmup.tar`` in the cache: a file, not a folder, which the
+package discovery would take for a package; an install into a cache that held
 anything removes that copy, as it cannot tell the warmup's files from others). A
 later build on the same machine may start from it:
 ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
@@ -29,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -38,7 +40,7 @@ from setuptools.command.build_py import build_py
 SKIP_ENV = "FASTPER_BUILD_KERNEL_CACHE"
 SEED_ENV = "FASTPER_BUILD_KERNEL_SEED"
 #: in a cache an editable install's warmup filled from nothing: a copy of its files
-SNAPSHOT = "warmup"
+SNAPSHOT = "warmup.tar"
 #: run in the package copy: checks that it imports that copy, then warms it up
 _WARM = """
 import sys
@@ -69,7 +71,7 @@ class BuildPyWithKernelCache(build_py):
         cache = root / "fastper" / "_kernels" / "_numba_cache"
         if self.editable_mode:
             was_empty = not any(cache.glob("*.nb[ic]"))
-            shutil.rmtree(cache / SNAPSHOT, ignore_errors=True)
+            (cache / SNAPSHOT).unlink(missing_ok=True)
         else:
             shutil.rmtree(cache, ignore_errors=True)
             _seed(cache, os.environ.get(SEED_ENV))
@@ -96,20 +98,14 @@ class BuildPyWithKernelCache(build_py):
             return
         print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
         if self.editable_mode and was_empty:
+            part = cache / (SNAPSHOT + ".part")
             try:
-                _copy_cache_files(cache, cache / SNAPSHOT)
-            except OSError:  # (no copy: a later build compiles from nothing)
-                shutil.rmtree(cache / SNAPSHOT, ignore_errors=True)
-
-
-def _copy_cache_files(source: Path, dest: Path) -> int:
-    """Copy numba's cache files (index ``.nbi``, data ``.nbc``) of ``source`` into
-    ``dest``; how many."""
-    dest.mkdir(parents=True, exist_ok=True)
-    files = [p for p in source.glob("*.nb[ic]") if p.is_file()]
-    for path in files:
-        shutil.copy2(path, dest / path.name)
-    return len(files)
+                with tarfile.open(part, "w") as tf:
+                    for path in sorted(cache.glob("*.nb[ic]")):
+                        tf.add(path, arcname=path.name)
+                os.replace(part, cache / SNAPSHOT)
+            except (OSError, tarfile.TarError):  # (no copy: a later build compiles)
+                part.unlink(missing_ok=True)
 
 
 def _seed(cache: Path, seed: str | None) -> None:
@@ -118,13 +114,22 @@ def _seed(cache: Path, seed: str | None) -> None:
     if not seed:
         return
     snapshot = Path(seed) / SNAPSHOT
-    if not snapshot.is_dir():
+    if not snapshot.is_file():
         print(f"fastper: {SEED_ENV}: no copy of a warmup's files in {seed} (an editable "
               "install into an empty cache makes one); compiling from nothing")  # fmt: skip
         return
     try:
-        copied = _copy_cache_files(snapshot, cache)
-    except OSError as exc:
+        cache.mkdir(parents=True, exist_ok=True)
+        copied = 0
+        with tarfile.open(snapshot) as tf:
+            for member in tf.getmembers():
+                name = member.name
+                if member.isfile() and "/" not in name and name.endswith((".nbi", ".nbc")):
+                    data = tf.extractfile(member)
+                    if data is not None:
+                        (cache / name).write_bytes(data.read())
+                        copied += 1
+    except (OSError, tarfile.TarError) as exc:
         print(f"fastper: {SEED_ENV}: not seeded ({exc}); compiling from nothing")
         shutil.rmtree(cache, ignore_errors=True)
         return

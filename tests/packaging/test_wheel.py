@@ -115,7 +115,7 @@ def _build(project: Path, out: Path, deadline: float) -> tuple[Path, Path]:
     env = dict(os.environ, FASTPER_BUILD_KERNEL_SEED=str(PACKAGE_CACHE))
     done = _run([*cmd, str(project)], project, deadline, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    if (PACKAGE_CACHE / "warmup").is_dir():  # (such an install: the build started from it)
+    if (PACKAGE_CACHE / "warmup.tar").is_file():  # (such an install: the build starts from it)
         assert "cache files of a warmup copied" in done.stdout + done.stderr, done.stdout[-3000:]
     wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
