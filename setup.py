@@ -71,7 +71,10 @@ class BuildPyWithKernelCache(build_py):
         cache = root / "fastper" / "_kernels" / "_numba_cache"
         if self.editable_mode:
             was_empty = not any(cache.glob("*.nb[ic]"))
-            (cache / SNAPSHOT).unlink(missing_ok=True)
+            try:
+                (cache / SNAPSHOT).unlink(missing_ok=True)
+            except OSError:  # (then it cannot be written either: nothing to do)
+                was_empty = False
         else:
             shutil.rmtree(cache, ignore_errors=True)
             _seed(cache, os.environ.get(SEED_ENV))
