@@ -15,17 +15,22 @@ compiling fails, it says so and the package is built without the cache. Set
 
 An editable install into an empty cache also keeps a copy of what its warmup
 wrote (the archive ``warmup.tar`` in the cache: a file, not a folder, which the
-package discovery would take for a package; an install into a cache that held
-anything removes that copy, as it cannot tell the warmup's files from others). A
-later build on the same machine may start from it:
+package discovery would take for a package), with a digest of the package's
+Python sources it was compiled from. A later install into the filled cache (other
+extras, say) keeps the copy while the sources are unchanged, and removes it
+otherwise: it cannot tell the warmup's files from the others in the cache. A later
+build on the same machine may start from it:
 ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
 those files into the package copy before the warmup, which then loads them instead
-of compiling them again (a CI job that installs the tree, then builds the wheel).
+of compiling them again (a CI job that installs the tree, then builds the wheel),
+if the package copy's sources have the same digest (else it compiles from nothing).
 The wheel then holds what a build from nothing would make: the warmup's files.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -41,6 +46,8 @@ SKIP_ENV = "FASTPER_BUILD_KERNEL_CACHE"
 SEED_ENV = "FASTPER_BUILD_KERNEL_SEED"
 #: in a cache an editable install's warmup filled from nothing: a copy of its files
 SNAPSHOT = "warmup.tar"
+#: the archive's member holding the digest of the sources its files were compiled from
+DIGEST = "sources.sha256"
 #: run in the package copy: checks that it imports that copy, then warms it up
 _WARM = """
 import sys
@@ -69,15 +76,12 @@ class BuildPyWithKernelCache(build_py):
         else:
             root = Path(self.build_lib).resolve()
         cache = root / "fastper" / "_kernels" / "_numba_cache"
+        digest = _digest(root / "fastper")
         if self.editable_mode:
-            was_empty = not any(cache.glob("*.nb[ic]"))
-            try:
-                (cache / SNAPSHOT).unlink(missing_ok=True)
-            except OSError:  # (then it cannot be written either: nothing to do)
-                was_empty = False
+            was_empty = _editable_start(cache, digest)
         else:
             shutil.rmtree(cache, ignore_errors=True)
-            _seed(cache, os.environ.get(SEED_ENV))
+            _seed(cache, os.environ.get(SEED_ENV), digest)
         env = {
             k: v
             for k, v in os.environ.items()
@@ -100,26 +104,76 @@ class BuildPyWithKernelCache(build_py):
             print(f"fastper: kernels not compiled ({tail}); they compile on first use")
             return
         print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
-        if self.editable_mode and was_empty:
+        if self.editable_mode and was_empty and digest is not None:
             part = cache / (SNAPSHOT + ".part")
             try:
                 with tarfile.open(part, "w") as tf:
                     for path in sorted(cache.glob("*.nb[ic]")):
                         tf.add(path, arcname=path.name)
+                    info = tarfile.TarInfo(DIGEST)
+                    info.size = len(digest)
+                    tf.addfile(info, io.BytesIO(digest))
                 os.replace(part, cache / SNAPSHOT)
             except (OSError, tarfile.TarError):  # (no copy: a later build compiles)
                 part.unlink(missing_ok=True)
 
 
-def _seed(cache: Path, seed: str | None) -> None:
+def _editable_start(cache: Path, digest: bytes | None) -> bool:
+    """Before an editable install's warmup into ``cache``: whether it holds no compiled
+    files and the sources have a ``digest`` (the warmup's files are then kept as a
+    copy, see the module). A copy already there stays if it was made from sources of
+    this ``digest``, and is removed otherwise."""
+    was_empty = digest is not None and not any(cache.glob("*.nb[ic]"))
+    if digest is not None and not was_empty and _digest_of(cache / SNAPSHOT) == digest:
+        return False  # (the copy of a warmup of these very sources stays)
+    try:
+        (cache / SNAPSHOT).unlink(missing_ok=True)
+    except OSError:  # (then it cannot be written either: nothing to do)
+        return False
+    return was_empty
+
+
+def _digest(package: Path) -> bytes | None:
+    """SHA-256 (hex, as bytes) of the package's Python sources: every ``*.py`` under
+    ``package``, by relative path and content (None: a file could not be read). What
+    the warmup compiles follows from them (and from numba and the CPU, which numba's
+    cache checks itself)."""
+    h = hashlib.sha256()
+    try:
+        for path in sorted(package.rglob("*.py")):
+            rel = path.relative_to(package).as_posix()
+            if "__pycache__" not in rel:
+                h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    except OSError:
+        return None
+    return h.hexdigest().encode()
+
+
+def _digest_of(snapshot: Path) -> bytes | None:
+    """The digest stored in the archive ``snapshot``; None without one (or no archive)."""
+    try:
+        with tarfile.open(snapshot) as tf:
+            member = tf.getmember(DIGEST)
+            data = tf.extractfile(member) if member.isfile() and member.size <= 128 else None
+            return (data.read() or None) if data is not None else None
+    except (OSError, KeyError, tarfile.TarError):
+        return None
+
+
+def _seed(cache: Path, seed: str | None, digest: bytes | None) -> None:
     """Start ``cache`` from the copy an editable install's warmup left in the cache
-    ``seed`` (see the module); nothing where there is none."""
+    ``seed`` (see the module), if it was compiled from sources of this ``digest``;
+    nothing otherwise."""
     if not seed:
         return
     snapshot = Path(seed) / SNAPSHOT
     if not snapshot.is_file():
         print(f"fastper: {SEED_ENV}: no copy of a warmup's files in {seed} (an editable "
               "install into an empty cache makes one); compiling from nothing")  # fmt: skip
+        return
+    if digest is None or _digest_of(snapshot) != digest:
+        print(f"fastper: {SEED_ENV}: the copy of a warmup's files in {seed} was compiled "
+              "from other sources; compiling from nothing")  # fmt: skip
         return
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -139,4 +193,5 @@ def _seed(cache: Path, seed: str | None) -> None:
     print(f"fastper: {SEED_ENV}: {copied} cache files of a warmup copied from {snapshot}")
 
 
-setup(cmdclass={"build_py": BuildPyWithKernelCache})
+if __name__ == "__main__":  # (how setuptools runs it; the tests import its helpers)
+    setup(cmdclass={"build_py": BuildPyWithKernelCache})

@@ -512,13 +512,12 @@ class DirectRows:
         view of its column without that axis: no view of the value to make. Its
         value must then be an array (the caller's checks): which form it is, is
         read from its ``ndim``."""
-        return self._with_reward_check(reward, _exact_put_source, "put_exact", block)
+        return self._with_reward_check(reward, _exact_put_source, "put_exact", block, flat=True)
 
-    def flat_columns(self, block: int) -> dict[str, np.ndarray]:
+    def flat_columns(self, block: int, blocked: bool) -> dict[str, np.ndarray]:
         """The columns of the fields of shape ``(1,)`` as views without that axis:
-        ``FLATi`` of shape ``(capacity,)`` and, where :meth:`block_columns` has
-        views, ``FLATBLOCKi`` of shape ``(capacity // block, block)``."""
-        blocked = bool(self.block_columns(block))
+        ``FLATi`` of shape ``(capacity,)`` and, where ``blocked`` (:meth:`block_columns`
+        has views for ``block``), ``FLATBLOCKi`` of shape ``(capacity // block, block)``."""
         out: dict[str, np.ndarray] = {}
         for i, (col, entry) in enumerate(zip(self.columns, self.entries, strict=True)):
             if entry[1] != (1,):
@@ -550,10 +549,12 @@ class DirectRows:
         return out
 
     def _with_reward_check(
-        self, reward: str | None, source: Callable[..., str], name: str, block: int
-    ) -> Any:
+        self, reward: str | None, source: Callable[..., str], name: str, block: int,
+        flat: bool = False,
+    ) -> Any:  # fmt: skip
         """The function ``name`` of ``source(entries, long_runs, reward's index,
-        block)``, specialised for these columns (:meth:`putter`, :meth:`exact_putter`)."""
+        block)``, specialised for these columns (:meth:`putter`, :meth:`exact_putter`);
+        ``flat``: with the views of :meth:`flat_columns` too."""
         if not self.columns:
             raise TypeError("a matcher only: no columns to write")
         if reward is not None and reward not in self.names:
@@ -561,9 +562,11 @@ class DirectRows:
         index = None if reward is None else self.names.index(reward)
         blocks = self.block_columns(block)
         constants = {
-            **self._constants, **blocks, **self.flat_columns(block), "ISFINITE": math.isfinite,
+            **self._constants, **blocks, "ISFINITE": math.isfinite,
             "FLOATS_FINITE": floats_finite, "REWARDS_FINITE": rewards_finite,
         }  # fmt: skip
+        if flat:
+            constants.update(self.flat_columns(block, bool(blocks)))
         text = source(self.entries, self._long_runs, index, block if blocks else 0)
         (made,) = specialise(f"DirectRows.{name}", text, constants, name)
         return made
