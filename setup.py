@@ -17,9 +17,9 @@ An editable install into an empty cache also keeps a copy of what its warmup
 wrote (the archive ``warmup.tar`` in the cache: a file, not a folder, which the
 package discovery would take for a package), with a digest of the package's
 Python sources it was compiled from. A later install into the filled cache (other
-extras, say) keeps the copy while the sources are unchanged, and removes it
-otherwise: it cannot tell the warmup's files from the others in the cache. A later
-build on the same machine may start from it:
+extras, say) keeps the copy while the sources are unchanged and its warmup compiles
+nothing, and removes it otherwise: it cannot tell the warmup's files from the others
+in the cache. A later build on the same machine may start from it:
 ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
 those files into the package copy before the warmup, which then loads them instead
 of compiling them again (a CI job that installs the tree, then builds the wheel),
@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,12 +77,18 @@ class BuildPyWithKernelCache(build_py):
         else:
             root = Path(self.build_lib).resolve()
         cache = root / "fastper" / "_kernels" / "_numba_cache"
-        digest = _digest(root / "fastper")
-        if self.editable_mode:
-            was_empty = _editable_start(cache, digest)
-        else:
-            shutil.rmtree(cache, ignore_errors=True)
-            _seed(cache, os.environ.get(SEED_ENV), digest)
+        seed = os.environ.get(SEED_ENV)
+        make = kept = False  # (editable) copy the warmup's files after it / a copy stayed
+        try:
+            digest = _digest(root / "fastper") if self.editable_mode or seed else None
+            if self.editable_mode:
+                make, kept = _editable_start(cache, digest)
+            else:
+                shutil.rmtree(cache, ignore_errors=True)
+                _seed(cache, seed, digest)
+        except Exception as exc:  # (the hook never fails the build)
+            print(f"fastper: no copy of a warmup's files used or kept ({exc!r})")
+            digest, make, kept = None, False, False
         env = {
             k: v
             for k, v in os.environ.items()
@@ -104,47 +111,83 @@ class BuildPyWithKernelCache(build_py):
             print(f"fastper: kernels not compiled ({tail}); they compile on first use")
             return
         print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
-        if self.editable_mode and was_empty and digest is not None:
-            part = cache / (SNAPSHOT + ".part")
-            try:
-                with tarfile.open(part, "w") as tf:
-                    for path in sorted(cache.glob("*.nb[ic]")):
-                        tf.add(path, arcname=path.name)
-                    info = tarfile.TarInfo(DIGEST)
-                    info.size = len(digest)
-                    tf.addfile(info, io.BytesIO(digest))
-                os.replace(part, cache / SNAPSHOT)
-            except (OSError, tarfile.TarError):  # (no copy: a later build compiles)
-                part.unlink(missing_ok=True)
+        if kept and _compiled(done.stdout) != 0:
+            # this warmup compiled what the cache lacked (another numba, say): the copy no
+            # longer holds what a warmup of these sources writes here
+            _remove(cache / SNAPSHOT)
+        if make and digest is not None:
+            _write_snapshot(cache, digest)
 
 
-def _editable_start(cache: Path, digest: bytes | None) -> bool:
-    """Before an editable install's warmup into ``cache``: whether it holds no compiled
-    files and the sources have a ``digest`` (the warmup's files are then kept as a
-    copy, see the module). A copy already there stays if it was made from sources of
-    this ``digest``, and is removed otherwise."""
-    was_empty = digest is not None and not any(cache.glob("*.nb[ic]"))
-    if digest is not None and not was_empty and _digest_of(cache / SNAPSHOT) == digest:
-        return False  # (the copy of a warmup of these very sources stays)
+def _editable_start(cache: Path, digest: bytes | None) -> tuple[bool, bool]:
+    """Before an editable install's warmup into ``cache``: ``(make, kept)``. ``make``:
+    the cache holds no compiled files and the sources have a ``digest``, so the
+    warmup's files are to be kept as a copy (see the module). ``kept``: a copy made
+    from sources of this ``digest`` stays; any other copy is removed."""
+    filled = any(cache.glob("*.nb[ic]"))
+    if digest is not None and filled and _digest_of(cache / SNAPSHOT) == digest:
+        return False, True  # (the copy of a warmup of these very sources stays)
+    if not _remove(cache / SNAPSHOT):
+        return False, False  # (then it cannot be written either)
+    return digest is not None and not filled, False
+
+
+def _remove(path: Path) -> bool:
+    """Remove the file ``path`` if it is there; whether it is gone."""
     try:
-        (cache / SNAPSHOT).unlink(missing_ok=True)
-    except OSError:  # (then it cannot be written either: nothing to do)
+        path.unlink(missing_ok=True)
+    except OSError:
         return False
-    return was_empty
+    return True
+
+
+def _compiled(report: str) -> int | None:
+    """How many kernel signatures the warmup's report says it compiled (None: unread)."""
+    found = re.search(r"^(\d+) kernel signatures compiled", report, re.M)
+    return None if found is None else int(found[1])
+
+
+def _write_snapshot(cache: Path, digest: bytes) -> None:
+    """Keep a copy of the compiled files in ``cache`` (``SNAPSHOT``), with ``digest``
+    (``DIGEST``): written to a ``.part`` file, then renamed. Nothing on failure."""
+    part = cache / (SNAPSHOT + ".part")
+    try:
+        with tarfile.open(part, "w") as tf:
+            for path in sorted(cache.glob("*.nb[ic]")):
+                tf.add(path, arcname=path.name)
+            info = tarfile.TarInfo(DIGEST)
+            info.size = len(digest)
+            tf.addfile(info, io.BytesIO(digest))
+        os.replace(part, cache / SNAPSHOT)
+    except Exception:  # (no copy: a later build compiles; the hook never fails the build)
+        _remove(part)
+
+
+def _sources(package: Path) -> list[Path]:
+    """The package's Python sources as a build copies them: ``*.py`` files not named
+    with a leading dot, in the package and its subpackages (folders with an
+    ``__init__.py`` and no dot in their names; symbolic links followed)."""
+    found = []
+    for folder, subfolders, files in os.walk(package, followlinks=True):
+        here = Path(folder)
+        subfolders[:] = [
+            d for d in subfolders if "." not in d and (here / d / "__init__.py").is_file()
+        ]
+        found += [here / f for f in files if f.endswith(".py") and not f.startswith(".")]
+    return sorted(found)
 
 
 def _digest(package: Path) -> bytes | None:
-    """SHA-256 (hex, as bytes) of the package's Python sources: every ``*.py`` under
-    ``package``, by relative path and content (None: a file could not be read). What
-    the warmup compiles follows from them (and from numba and the CPU, which numba's
-    cache checks itself)."""
+    """SHA-256 (hex, as bytes) of the package's Python sources (:func:`_sources`), by
+    relative path and content; None where one cannot be read. What the warmup
+    compiles follows from them (and from numba and the CPU, which numba's cache
+    checks itself)."""
     h = hashlib.sha256()
     try:
-        for path in sorted(package.rglob("*.py")):
-            rel = path.relative_to(package).as_posix()
-            if "__pycache__" not in rel:
-                h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    except OSError:
+        for path in _sources(package):
+            name = os.fsencode(path.relative_to(package).as_posix())
+            h.update(name + b"\0" + path.read_bytes() + b"\0")
+    except (OSError, ValueError):
         return None
     return h.hexdigest().encode()
 
@@ -156,24 +199,34 @@ def _digest_of(snapshot: Path) -> bytes | None:
             member = tf.getmember(DIGEST)
             data = tf.extractfile(member) if member.isfile() and member.size <= 128 else None
             return (data.read() or None) if data is not None else None
-    except (OSError, KeyError, tarfile.TarError):
+    except Exception:  # (a missing, truncated or foreign file: no digest)
         return None
 
 
 def _seed(cache: Path, seed: str | None, digest: bytes | None) -> None:
     """Start ``cache`` from the copy an editable install's warmup left in the cache
     ``seed`` (see the module), if it was compiled from sources of this ``digest``;
-    nothing otherwise."""
+    nothing otherwise, saying why."""
     if not seed:
         return
     snapshot = Path(seed) / SNAPSHOT
-    if not snapshot.is_file():
-        print(f"fastper: {SEED_ENV}: no copy of a warmup's files in {seed} (an editable "
-              "install into an empty cache makes one); compiling from nothing")  # fmt: skip
-        return
-    if digest is None or _digest_of(snapshot) != digest:
-        print(f"fastper: {SEED_ENV}: the copy of a warmup's files in {seed} was compiled "
-              "from other sources; compiling from nothing")  # fmt: skip
+    why = None
+    try:
+        if not snapshot.is_file():
+            why = (f"no copy of a warmup's files in {seed} (an editable install into an "
+                   "empty cache makes one)")  # fmt: skip
+        elif digest is None:
+            why = "the sources to build could not be read"
+        else:
+            stored = _digest_of(snapshot)
+            if stored is None:
+                why = f"the copy of a warmup's files in {seed} names no sources (or is unreadable)"
+            elif stored != digest:
+                why = f"the copy of a warmup's files in {seed} was compiled from other sources"
+    except Exception as exc:
+        why = f"{seed} could not be read ({exc!r})"
+    if why is not None:
+        print(f"fastper: {SEED_ENV}: {why}; compiling from nothing")
         return
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -186,8 +239,8 @@ def _seed(cache: Path, seed: str | None, digest: bytes | None) -> None:
                     if data is not None:
                         (cache / name).write_bytes(data.read())
                         copied += 1
-    except (OSError, tarfile.TarError) as exc:
-        print(f"fastper: {SEED_ENV}: not seeded ({exc}); compiling from nothing")
+    except Exception as exc:
+        print(f"fastper: {SEED_ENV}: not seeded ({exc!r}); compiling from nothing")
         shutil.rmtree(cache, ignore_errors=True)
         return
     print(f"fastper: {SEED_ENV}: {copied} cache files of a warmup copied from {snapshot}")
