@@ -17,8 +17,8 @@ An editable install into an empty cache also keeps a copy of what its warmup
 wrote (the archive ``warmup.tar`` in the cache: a file, not a folder, which the
 package discovery would take for a package), with a digest of the package's
 Python sources it was compiled from. A later install into the filled cache (other
-extras, say) keeps the copy while the sources are unchanged and its warmup compiles
-nothing, and removes it otherwise: it cannot tell the warmup's files from the others
+extras, say) keeps the copy while the sources are unchanged and its warmup succeeds
+and compiles nothing, and removes it otherwise: it cannot tell the warmup's files from the others
 in the cache. A later build on the same machine may start from it:
 ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
 those files into the package copy before the warmup, which then loads them instead
@@ -76,47 +76,59 @@ class BuildPyWithKernelCache(build_py):
             root = Path(self.get_package_dir("fastper")).resolve().parent
         else:
             root = Path(self.build_lib).resolve()
-        cache = root / "fastper" / "_kernels" / "_numba_cache"
-        seed = os.environ.get(SEED_ENV)
-        make = kept = False  # (editable) copy the warmup's files after it / a copy stayed
-        try:
-            digest = _digest(root / "fastper") if self.editable_mode or seed else None
-            if self.editable_mode:
-                make, kept = _editable_start(cache, digest)
-            else:
-                shutil.rmtree(cache, ignore_errors=True)
-                _seed(cache, seed, digest)
-        except Exception as exc:  # (the hook never fails the build)
-            print(f"fastper: no copy of a warmup's files used or kept ({exc!r})")
-            digest, make, kept = None, False, False
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "NUMBA_CACHE_LOCATOR_CLASSES")
-        }
-        # first on the path; pip's isolated build environment is reached through the rest
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-        print("fastper: compiling the numba kernels into the package (about a minute) ...")
-        t0 = time.monotonic()
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _WARM, str(root)],
-                cwd=root, env=env, capture_output=True, text=True, timeout=1800,
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            print(f"fastper: kernels not compiled ({exc}); they compile on first use")
-            return
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            print(f"fastper: kernels not compiled ({tail}); they compile on first use")
-            return
-        print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
-        if kept and _compiled(done.stdout) != 0:
-            # this warmup compiled what the cache lacked (another numba, say): the copy no
-            # longer holds what a warmup of these sources writes here
+        _warm(root, self.editable_mode)
+
+
+def _warm(root: Path, editable: bool) -> None:
+    """Compile the kernels of the package in ``root`` into its cache (see the module):
+    ``editable``: ``root`` is the source tree (the copy of the warmup's files is kept
+    or made there), else a build's copy (seeded from ``FASTPER_BUILD_KERNEL_SEED``)."""
+    cache = root / "fastper" / "_kernels" / "_numba_cache"
+    seed = os.environ.get(SEED_ENV)
+    make = kept = False  # (editable) copy the warmup's files after it / a copy stayed
+    if not editable:  # (a build's copy starts from nothing, or from the seed)
+        shutil.rmtree(cache, ignore_errors=True)
+    try:
+        digest = _digest(root / "fastper") if editable or seed else None
+        if editable:
+            make, kept = _editable_start(cache, digest)
+        else:
+            _seed(cache, seed, digest)
+    except Exception as exc:  # (the hook never fails the build)
+        print(f"fastper: no copy of a warmup's files used or kept ({exc!r})")
+        digest, make, kept = None, False, False
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT", "NUMBA_CACHE_LOCATOR_CLASSES")
+    }
+    # first on the path; pip's isolated build environment is reached through the rest
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    print("fastper: compiling the numba kernels into the package (about a minute) ...")
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _WARM, str(root)], cwd=root, env=env, capture_output=True,
+            text=True, errors="replace", timeout=1800,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"fastper: kernels not compiled ({exc}); they compile on first use")
+        done = None
+    if done is not None and done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"fastper: kernels not compiled ({tail}); they compile on first use")
+        done = None
+    if done is None:
+        if kept:  # (it may have compiled some before it failed: the copy may not match)
             _remove(cache / SNAPSHOT)
-        if make and digest is not None:
-            _write_snapshot(cache, digest)
+        return
+    print(f"fastper: {done.stdout.strip()} ({time.monotonic() - t0:.0f} s in all)")
+    if kept and _compiled(done.stdout) != 0:
+        # this warmup compiled what the cache lacked (another numba, say): the copy no
+        # longer holds what a warmup of these sources writes here
+        _remove(cache / SNAPSHOT)
+    if make and digest is not None:
+        _write_snapshot(cache, digest)
 
 
 def _editable_start(cache: Path, digest: bytes | None) -> tuple[bool, bool]:
@@ -164,15 +176,19 @@ def _write_snapshot(cache: Path, digest: bytes) -> None:
 
 
 def _sources(package: Path) -> list[Path]:
-    """The package's Python sources as a build copies them: ``*.py`` files not named
-    with a leading dot, in the package and its subpackages (folders with an
-    ``__init__.py`` and no dot in their names; symbolic links followed)."""
+    """The package's Python sources as a build copies them (setuptools' package
+    discovery, namespace packages included, then its modules): ``*.py`` files not
+    named with a leading dot, in the package and every folder below it whose name
+    has no dot and does not end with ``__pycache__`` (symbolic links followed). A
+    folder that cannot be read raises ``OSError``."""
+
+    def refuse(error: OSError) -> None:
+        raise error
+
     found = []
-    for folder, subfolders, files in os.walk(package, followlinks=True):
+    for folder, subfolders, files in os.walk(package, onerror=refuse, followlinks=True):
         here = Path(folder)
-        subfolders[:] = [
-            d for d in subfolders if "." not in d and (here / d / "__init__.py").is_file()
-        ]
+        subfolders[:] = [d for d in subfolders if "." not in d and not d.endswith("__pycache__")]
         found += [here / f for f in files if f.endswith(".py") and not f.startswith(".")]
     return sorted(found)
 

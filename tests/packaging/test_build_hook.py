@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import io
 import random
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -48,25 +49,39 @@ def _archive(path: Path, members: dict[str, bytes]) -> None:
 
 
 def test_the_sources_are_those_a_build_copies(hook: Any, tmp_path: Path) -> None:
-    pkg = _package(tmp_path)
+    src = tmp_path / "src"
+    pkg = _package(src)
     (pkg / ".scratch.py").write_text("")  # a dot file
     (pkg / ".ipynb_checkpoints").mkdir()  # a dot folder
-    (pkg / ".ipynb_checkpoints" / "__init__.py").write_text("")
+    (pkg / ".ipynb_checkpoints" / "x.py").write_text("")
     (pkg / "a.b").mkdir()  # a folder with a dot: never a package
     (pkg / "a.b" / "__init__.py").write_text("")
-    (pkg / "_kernels" / "_numba_cache").mkdir()  # no __init__.py: not a package
+    (pkg / "_kernels" / "_numba_cache").mkdir()  # no __init__.py: a namespace package
     (pkg / "_kernels" / "_numba_cache" / "stray.py").write_text("")
+    (pkg / "_kernels" / "_numba_cache" / "tree.f-1.py311.nbi").write_bytes(b"")
     (pkg / "_kernels" / "notes.txt").write_text("")
-    outside = tmp_path / "linked"  # a subpackage reached through a symbolic link
-    outside.mkdir()
+    outside = tmp_path / "elsewhere" / "linked"  # a subpackage reached through a link
+    outside.mkdir(parents=True)
     (outside / "__init__.py").write_text("")
     (outside / "more.py").write_text("")
     (pkg / "linked").symlink_to(outside, target_is_directory=True)
     names = [p.relative_to(pkg).as_posix() for p in hook._sources(pkg)]
     assert names == [
-        "__init__.py", "_kernels/__init__.py", "_kernels/tree.py", "linked/__init__.py",
-        "linked/more.py",
+        "__init__.py", "_kernels/__init__.py", "_kernels/_numba_cache/stray.py",
+        "_kernels/tree.py", "linked/__init__.py", "linked/more.py",
     ]  # fmt: skip
+    # what setuptools itself finds: pyproject's `packages.find` (namespace packages
+    # included), then each package's modules as build_py globs them
+    from setuptools.config.expand import find_packages
+
+    packages = find_packages(where=[str(src)], root_dir=str(src))
+    copied = sorted(
+        f.relative_to(pkg).as_posix()
+        for name in packages
+        for f in (src / name.replace(".", "/")).glob("*.py")
+        if not f.name.startswith(".")  # (glob.glob's "*" skips them; pathlib's may not)
+    )
+    assert copied == names
 
 
 def test_the_digest_follows_every_source_and_nothing_else(hook: Any, tmp_path: Path) -> None:
@@ -139,9 +154,12 @@ def test_a_copy_written_reads_back_with_its_digest_and_seeds_a_build(
     hook._seed(built, str(cache), b"a" * 64)
     assert sorted(p.name for p in built.iterdir()) == ["tree.f-1.py311.1.nbc", "tree.f-1.py311.nbi"]
     assert (built / "tree.f-1.py311.1.nbc").read_bytes() == b"code"
-    # a cache that cannot be written: no copy, no error
-    hook._write_snapshot(tmp_path / "no-such-folder", b"a" * 64)
-    assert not (tmp_path / "no-such-folder").exists()
+    # a cache that cannot be written (a file where the folder should be): no copy, and
+    # no error (the hook never fails the build)
+    blocked = tmp_path / "blocked"
+    blocked.write_bytes(b"a file")
+    assert hook._write_snapshot(blocked, b"a" * 64) is None
+    assert blocked.read_bytes() == b"a file"
 
 
 def test_an_install_keeps_the_copy_only_for_the_sources_it_was_made_from(
@@ -174,6 +192,10 @@ def test_an_install_keeps_the_copy_only_for_the_sources_it_was_made_from(
     _archive(snapshot, {"tree.f-1.py311.nbi": b"i", hook.DIGEST: b"a" * 64})
     assert hook._editable_start(cache, None) == (False, False)
     assert not snapshot.exists()
+    # a copy that cannot be removed (a folder in its place): none is made either
+    snapshot.mkdir()
+    assert hook._editable_start(cache, b"b" * 64) == (False, False)
+    assert snapshot.is_dir()
 
 
 def test_the_warmups_report_says_what_it_compiled(hook: Any) -> None:
@@ -236,3 +258,114 @@ def test_a_seed_folder_that_cannot_be_read_is_said_and_skipped(
     monkeypatch.undo()
     assert "could not be read" in capsys.readouterr().out
     assert not (tmp_path / "built").exists()
+
+
+class _Warmup:
+    """Stands in for the warmup subprocess: writes ``files`` into the package's cache
+    and answers ``report`` (or fails), and records what the cache held when called."""
+
+    def __init__(self, report: str, files: tuple[str, ...] = (), code: int = 0,
+                 error: Exception | None = None) -> None:  # fmt: skip
+        self.report, self.files, self.code, self.error = report, files, code, error
+        self.seen: list[str] | None = None
+
+    def __call__(self, cmd: list[str], cwd: Path, **kw: Any) -> subprocess.CompletedProcess[str]:
+        cache = Path(cmd[-1]) / "fastper" / "_kernels" / "_numba_cache"
+        self.seen = sorted(p.name for p in cache.glob("*")) if cache.is_dir() else []
+        if self.error is not None:
+            raise self.error
+        cache.mkdir(parents=True, exist_ok=True)
+        for name in self.files:
+            (cache / name).write_bytes(b"compiled")
+        return subprocess.CompletedProcess(cmd, self.code, self.report, "Traceback\nboom")
+
+
+def _tree(root: Path) -> Path:
+    _package(root)
+    return root / "fastper" / "_kernels" / "_numba_cache"
+
+
+@pytest.mark.parametrize(
+    ("warmup", "stays"),
+    [
+        (_Warmup("0 kernel signatures compiled, 54 loaded, in 1.0 s"), True),
+        (
+            _Warmup("3 kernel signatures compiled, 51 loaded, in 9.0 s", ("lz4.f-1.py311.nbi",)),
+            False,
+        ),
+        (_Warmup("no report"), False),
+        (_Warmup("", code=1), False),
+        (_Warmup("", error=subprocess.TimeoutExpired("python", 1800)), False),
+    ],
+    ids=["compiled-nothing", "compiled-some", "unread-report", "failed", "timed-out"],
+)
+def test_an_install_keeps_a_copy_only_if_its_warmup_compiled_nothing(
+    hook: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warmup: _Warmup, stays: bool
+) -> None:
+    cache = _tree(tmp_path)
+    cache.mkdir()
+    (cache / "tree.f-1.py311.nbi").write_bytes(b"i")
+    digest = hook._digest(tmp_path / "fastper")
+    _archive(cache / hook.SNAPSHOT, {"tree.f-1.py311.nbi": b"i", hook.DIGEST: digest})
+    monkeypatch.setattr(hook.subprocess, "run", warmup)
+    hook._warm(tmp_path, editable=True)
+    assert (cache / hook.SNAPSHOT).is_file() is stays
+    if stays:
+        assert hook._digest_of(cache / hook.SNAPSHOT) == digest
+
+
+def test_an_install_into_an_empty_cache_makes_the_copy(
+    hook: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = _tree(tmp_path)
+    warmup = _Warmup(
+        "2 kernel signatures compiled, 0 loaded", ("a.f-1.py311.nbi", "a.f-1.py311.1.nbc")
+    )
+    monkeypatch.setattr(hook.subprocess, "run", warmup)
+    hook._warm(tmp_path, editable=True)
+    assert hook._digest_of(cache / hook.SNAPSHOT) == hook._digest(tmp_path / "fastper")
+    with tarfile.open(cache / hook.SNAPSHOT) as tf:
+        assert sorted(tf.getnames()) == sorted(
+            [hook.DIGEST, "a.f-1.py311.1.nbc", "a.f-1.py311.nbi"]
+        )
+    # a failed warmup makes none
+    (cache / hook.SNAPSHOT).unlink()
+    for name in ("a.f-1.py311.nbi", "a.f-1.py311.1.nbc"):
+        (cache / name).unlink()
+    monkeypatch.setattr(hook.subprocess, "run", _Warmup("", code=1))
+    hook._warm(tmp_path, editable=True)
+    assert not (cache / hook.SNAPSHOT).exists()
+
+
+def test_a_build_is_seeded_before_its_warmup_and_never_fails(
+    hook: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "tree"
+    cache = _tree(source)
+    cache.mkdir()
+    _archive(cache / hook.SNAPSHOT, {
+        "a.f-1.py311.nbi": b"i", hook.DIGEST: hook._digest(source / "fastper"),
+    })  # fmt: skip
+    build = tmp_path / "build"
+    built_cache = _tree(build)
+    built_cache.mkdir()
+    (built_cache / "left.f-1.py311.nbi").write_bytes(b"an earlier build's")
+    monkeypatch.setenv(hook.SEED_ENV, str(cache))
+    warmup = _Warmup("0 kernel signatures compiled, 1 loaded")
+    monkeypatch.setattr(hook.subprocess, "run", warmup)
+    hook._warm(build, editable=False)
+    assert warmup.seen == ["a.f-1.py311.nbi"]  # (the build's cache emptied, then seeded)
+    assert "1 cache files of a warmup copied" in capsys.readouterr().out
+    # a digest that raises, a copy that cannot be read: said, and the build goes on
+    monkeypatch.setattr(hook, "_digest", _raise)
+    warmup = _Warmup("54 kernel signatures compiled, 0 loaded")
+    monkeypatch.setattr(hook.subprocess, "run", warmup)
+    hook._warm(build, editable=False)
+    assert warmup.seen == []
+    assert "no copy of a warmup's files used or kept" in capsys.readouterr().out
+    hook._warm(source, editable=True)
+    assert "no copy of a warmup's files used or kept" in capsys.readouterr().out
+
+
+def _raise(package: Path) -> bytes:
+    raise RuntimeError(f"cannot digest {package}")
