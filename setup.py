@@ -17,9 +17,10 @@ An editable install into an empty cache also keeps a copy of what its warmup
 wrote (the archive ``warmup.tar`` in the cache: a file, not a folder, which the
 package discovery would take for a package), with a digest of the package's
 Python sources it was compiled from. A later install into the filled cache (other
-extras, say) keeps the copy while the sources are unchanged and its warmup succeeds
-and compiles nothing, and removes it otherwise: it cannot tell the warmup's files from the others
-in the cache. A later build on the same machine may start from it:
+extras, say) keeps the copy while the sources are unchanged and its warmup
+succeeds and compiles nothing, and removes it otherwise: it cannot tell the
+warmup's files from the others in the cache. A later build on the same machine
+may start from it:
 ``FASTPER_BUILD_KERNEL_SEED=<that cache directory>`` (an absolute path) copies
 those files into the package copy before the warmup, which then loads them instead
 of compiling them again (a CI job that installs the tree, then builds the wheel),
