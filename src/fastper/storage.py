@@ -522,14 +522,9 @@ class DirectRows:
         for i, (col, entry) in enumerate(zip(self.columns, self.entries, strict=True)):
             if entry[1] != (1,):
                 continue
-            views: dict[str, np.ndarray] = {f"FLAT{i}": col.reshape(self.capacity)}
+            out[f"FLAT{i}"] = _view(col, (self.capacity,))
             if blocked:
-                views[f"FLATBLOCK{i}"] = col.reshape(self.capacity // block, block)
-            for view in views.values():
-                # (dropping an axis of 1 never copies)
-                if col.size and not np.may_share_memory(view, col):
-                    raise AssertionError("a flat view of a column must be a view")
-            out.update(views)
+                out[f"FLATBLOCK{i}"] = _view(col, (self.capacity // block, block))
         return out
 
     def block_columns(self, block: int) -> dict[str, np.ndarray]:
@@ -539,14 +534,10 @@ class DirectRows:
         ``block`` < 2 or does not divide the capacity (no such views)."""
         if block < 2 or self.capacity % block:
             return {}
-        out = {}
-        for i, col in enumerate(self.columns):
-            view = col.reshape(self.capacity // block, block, *col.shape[1:])
-            # (splitting an axis never copies; an empty field has no memory to share)
-            if col.size and not np.may_share_memory(view, col):
-                raise AssertionError("a block view of a column must be a view")
-            out[f"BLOCK{i}"] = view
-        return out
+        shape = (self.capacity // block, block)
+        return {
+            f"BLOCK{i}": _view(col, (*shape, *col.shape[1:])) for i, col in enumerate(self.columns)
+        }
 
     def _with_reward_check(
         self, reward: str | None, source: Callable[..., str], name: str, block: int,
@@ -590,6 +581,16 @@ class DirectRows:
             else:
                 out[name] = np.array((v,), dtype=dtype)
         return out
+
+
+def _view(col: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``col`` reshaped to ``shape`` as a view of it, for the generated stores to write
+    into. Splitting an axis, or dropping one of 1, never copies a C-contiguous column;
+    an empty field has no memory to share."""
+    view = col.reshape(shape)
+    if col.size and not np.may_share_memory(view, col):
+        raise AssertionError(f"a view of a column of shape {col.shape} as {shape} must be a view")
+    return view
 
 
 def check_record_bytes(record_bytes: Any, capacity: int) -> None:
