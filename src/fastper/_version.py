@@ -1,3 +1,3 @@
 """The package version, in one place (the checkpoint header records it)."""
 
-__version__ = "0.9.21"
+__version__ = "0.9.22"

@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._codegen import specialise
+from ._kernels import records as _records
 from ._validation import check_int, floats_finite, rewards_finite, show, to_numpy
 from .errors import CapacityWarning, FieldTypeError
 
@@ -994,6 +995,7 @@ def _vector_arm(
     return [*lines, "        return rows"]
 
 
+_INT64 = np.dtype(np.int64)  # the indices the compiled gather takes (the buffers')
 #: rows up to this many bytes are stored as records by default (see :class:`Storage`)
 RECORD_ROW_BYTES = 256
 #: the share of a record that its padding may take for the default layout to pick records
@@ -1083,9 +1085,14 @@ class Storage:
         self._unpack: tuple[tuple[str, np.dtype[Any] | None], ...] = ()
         self._items: dict[str, np.ndarray] = {}
         self._puts: dict[str, Callable[[int, Any], None]] | None = None
+        self._record_fields: tuple[tuple[str, int, int, np.dtype[Any], tuple[int, ...]], ...] = ()
+        self._bytes: tuple[np.ndarray, int] = (np.empty(0, dtype=np.uint8), 0)
+        # the compiled gather's plan for the last batch size (see _gather_plan)
+        self._plan: tuple[int, np.ndarray, int, tuple[Any, ...]] | None = None
         #: the records as bytes and the bytes of one (records layout; else empty, 0):
-        #: what a sampler prefetches of the rows it draws, for :meth:`gather` (set
-        #: with the records: code that replaces ``_records`` must set it again)
+        #: what a sampler prefetches of the rows it draws, for :meth:`gather`. Set
+        #: with the records, as are ``_opaque`` and ``_bytes``, which gather reads
+        #: (code that replaces ``_records`` must set all three again)
         self.record_bytes: tuple[np.ndarray, int] = (np.empty(0, dtype=np.uint8), 0)
         if layout == "records":
             record = record_dtype(self.fields)
@@ -1112,10 +1119,16 @@ class Storage:
             }  # fmt: skip
             self._opaque = self._records.view(np.dtype(spec))
             self.record_bytes = (self._records.view(np.uint8), record.itemsize)
+            self._bytes = self.record_bytes  # (what gather reads, whatever is prefetched)
             self._items = {n: self._opaque[n] for n in opaque}
             self._unpack = tuple(
                 (n, np.dtype((self.fields[n].dtype, self.fields[n].shape)) if n in opaque else None)
                 for n in self.fields
+            )
+            # each field's offset in a record and bytes per row, for the compiled gather
+            self._record_fields = tuple(
+                (n, where[n][1], f.nbytes_per_item, f.dtype, f.shape)
+                for n, f in self.fields.items()
             )
         else:
             warn_if_too_large(
@@ -1212,7 +1225,18 @@ class Storage:
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the rows at ``indices`` for every field, C-contiguous. O(B)."""
         opaque = self._opaque
-        if opaque is not None:  # one read of each record, then its fields apart
+        if opaque is not None:
+            if (
+                type(indices) is np.ndarray
+                and ((dt := indices.dtype) is _INT64 or dt == _INT64)
+                and indices.ndim == 1
+                and indices.flags.carray  # (C-contiguous, aligned, writeable: one signature)
+            ):  # (the buffers' indices: the compiled gather, one pass per field)
+                data = self._gather_records(indices)
+                if data is not None:
+                    return data
+            # any other indices (or one outside the slots, which take names): one
+            # read of each record, then its fields apart
             block = opaque.take(indices)
             return {
                 name: block[name].copy() if shaped is None else block[name].copy().view(shaped)
@@ -1220,6 +1244,40 @@ class Storage:
             }
         # take(axis=0) is several times faster than fancy indexing on 2-D columns
         return {name: col.take(indices, axis=0) for name, col in self.columns.items()}
+
+    def _gather_records(self, idx: np.ndarray) -> dict[str, np.ndarray] | None:
+        """:meth:`gather` of records at int64 indices: each field's rows copied by one
+        compiled pass into its block of one new array, each field a view of its block
+        (C-contiguous, aligned). None: no index at all, or one outside the slots."""
+        b = idx.shape[0]
+        plan = self._plan
+        if plan is None or plan[0] != b:
+            if b == 0:
+                return None
+            plan = self._plan = self._gather_plan(b)
+        _, spec, nbytes, views = plan
+        out = np.empty(nbytes, dtype=np.uint8)
+        rows, row_bytes = self._bytes
+        if not _records.gather_records(rows, row_bytes, self.capacity, idx, spec, out):
+            return None
+        new = np.ndarray
+        data = {}
+        for name, shape, dtype, offset in views:
+            data[name] = new(shape, dtype, out, offset)
+        return data
+
+    def _gather_plan(self, b: int) -> tuple[int, np.ndarray, int, tuple[Any, ...]]:
+        """The compiled gather's plan for batches of ``b`` rows: ``(b, plan, bytes,
+        views)``; each field's block starts on a 64-byte boundary of the output
+        (see :func:`fastper._kernels.records.gather_records`)."""
+        spec: list[int] = []
+        views = []
+        at = 0
+        for name, offset, nb, dtype, shape in self._record_fields:
+            spec += [offset, nb, at]
+            views.append((name, (b, *shape), dtype, at))
+            at += -(-b * nb // 64) * 64
+        return b, np.array(spec, dtype=np.int64), at, tuple(views)
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
         """A copy of rows ``lo .. hi-1`` of field ``name``. O(hi - lo)."""

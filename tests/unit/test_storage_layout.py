@@ -150,6 +150,66 @@ def test_gather_of_records_returns_each_field_as_its_own_array_of_any_shape() ->
     assert not (rec.columns["m"] == -1.0).any()
 
 
+def test_the_compiled_gather_copies_every_field_width_and_refuses_what_take_refuses() -> None:
+    """The buffers' indices (int64, one axis) are gathered by a compiled copy of each
+    field's bytes: fields of every width it copies its own way (4, 8, 16 bytes, and
+    others, at offsets of any alignment) come out equal to the columns layout's, each
+    its own aligned C-contiguous array; any other indices (int32, strided) take numpy's
+    way with the same result (as do read-only ones); an index past the end raises
+    IndexError as numpy's take does, a negative one counts from the end as it does."""
+    fields = {"f4": ((), np.float32), "f8": ((), np.float64), "v16": ((4,), np.int32),
+              "b1": ((), np.bool_), "u3": ((3,), np.uint8), "h2": ((), np.int16),
+              "w24": ((3,), np.float64), "h6": ((3,), np.int16), "c12": ((3,), np.float32),
+              "z0": ((0,), np.float32)}  # fmt: skip
+    rng = np.random.default_rng(5)
+    n = 50
+    rows = {
+        name: (rng.random((n, *shape)) < 0.5 if dtype is np.bool_ else
+               (rng.standard_normal((n, *shape)) * 1000).astype(dtype))
+        for name, (shape, dtype) in fields.items()
+    }  # fmt: skip
+    rec, col = Storage(fields, n, layout="records"), Storage(fields, n, layout="columns")
+    assert rec.layout == "records"
+    for st in (rec, col):
+        st.write(0, *st.prepare(rows))
+    for b in (1, 5, 64, 257):
+        idx = rng.integers(0, n, b)
+        for variant in (idx, idx.astype(np.int32), np.repeat(idx, 2)[::2]):
+            got, want = rec.gather(variant), col.gather(variant)
+            assert list(got) == list(fields)
+            # the compiled gather (the buffers' int64 indices: contiguous, as numpy
+            # counts one entry at any stride) puts every field in one new array
+            compiled = variant.dtype == np.int64 and variant.flags.c_contiguous
+            assert compiled or variant is not idx
+            bases = [a.base for a in got.values()]
+            assert (bases[0] is not None and all(x is bases[0] for x in bases)) is compiled
+            for name, values in rows.items():
+                g = got[name]
+                assert g.shape == (b, *fields[name][0]) and g.dtype == values.dtype, name
+                assert g.flags.c_contiguous and g.flags.aligned and g.flags.writeable, name
+                np.testing.assert_array_equal(g, values[idx], err_msg=name)
+                np.testing.assert_array_equal(g, want[name], err_msg=name)
+    got = rec.gather(np.arange(n))
+    before = {name: a.copy() for name, a in got.items()}
+    names = list(fields)
+    for i, name in enumerate(names):  # each field's array is its own: writing one
+        got[name][...] = 0  # changes no other (nor the rows stored)
+        for other in names[i + 1 :]:
+            np.testing.assert_array_equal(got[other], before[other], err_msg=f"{name}: {other}")
+    for name, values in rows.items():
+        np.testing.assert_array_equal(rec.columns[name], values, err_msg=name)
+    readonly = np.arange(n)
+    readonly.flags.writeable = False  # (another signature: numpy's way, the same rows)
+    for name, values in rec.gather(readonly).items():
+        np.testing.assert_array_equal(values, rows[name], err_msg=name)
+    for bad in (np.array([0, n]), np.array([n + 10**6]), np.array([-n - 1, 0])):
+        with pytest.raises(IndexError, match="out of bounds"):
+            rec.gather(bad)
+    back = rec.gather(np.array([-1, -n]))  # from the end, as numpy's take counts
+    for name, values in rows.items():
+        np.testing.assert_array_equal(back[name], values[[n - 1, 0]], err_msg=name)
+
+
 ALIGNED = {"obs": ((3,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
            "flags": ((8,), np.uint8)}  # fmt: skip  (32 bytes: records by default)
 

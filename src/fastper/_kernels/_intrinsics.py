@@ -88,3 +88,54 @@ def take_if_ge(typingctx, t, x):  # pragma: no cover
     if t != types.float64 or x != types.float64:
         return None  # a typing error: the code below is for float64 only
     return types.float64(types.float64, types.float64), codegen
+
+
+def _copy_word_codegen(bits: int):  # type: ignore[no-untyped-def]
+    """The code of a copy of ``bits / 8`` bytes from ``src[si]`` to ``dst[di]``."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        dty, _, sty, _ = signature.args
+        dst = context.make_array(dty)(context, builder, args[0])
+        src = context.make_array(sty)(context, builder, args[2])
+        dp = cgutils.get_item_pointer(context, builder, dty, dst, [args[1]])
+        sp = cgutils.get_item_pointer(context, builder, sty, src, [args[3]])
+        word = ir.IntType(bits).as_pointer()
+        # align 1: a field's bytes need not be aligned to the word's size
+        value = builder.load(builder.bitcast(sp, word), align=1)
+        builder.store(value, builder.bitcast(dp, word), align=1)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _copy_word_signature(dst, di, src, si):  # type: ignore[no-untyped-def]
+    if not (
+        isinstance(dst, types.Array) and isinstance(src, types.Array)
+        and dst.dtype == types.uint8 and src.dtype == types.uint8
+        and dst.ndim == 1 and src.ndim == 1
+        and isinstance(di, types.Integer) and isinstance(si, types.Integer)
+    ):  # fmt: skip
+        return None  # a typing error: the code is for 1-D byte arrays only
+    return types.void(dst, di, src, si)
+
+
+@intrinsic
+def copy8(typingctx, dst, di, src, si):  # pragma: no cover
+    """``dst[di : di + 8] = src[si : si + 8]`` (uint8 arrays) as one 8-byte load and
+    store, at any alignment; no bounds check (the caller's)."""
+    sig = _copy_word_signature(dst, di, src, si)
+    return None if sig is None else (sig, _copy_word_codegen(64))
+
+
+@intrinsic
+def copy4(typingctx, dst, di, src, si):  # pragma: no cover
+    """As :func:`copy8`, for 4 bytes."""
+    sig = _copy_word_signature(dst, di, src, si)
+    return None if sig is None else (sig, _copy_word_codegen(32))
+
+
+@intrinsic
+def copy2(typingctx, dst, di, src, si):  # pragma: no cover
+    """As :func:`copy8`, for 2 bytes."""
+    sig = _copy_word_signature(dst, di, src, si)
+    return None if sig is None else (sig, _copy_word_codegen(16))
