@@ -71,7 +71,10 @@ def check_real(
 def as_index_array(
     name: str, indices: Any, limit: int, *, written: int | None = None
 ) -> np.ndarray:
-    """1-D int64 copy of ``indices``, each in ``[0, limit)`` (and ``< written``)."""
+    """``indices`` as a 1-D int64 array, each in ``[0, limit)`` (and ``< written``).
+
+    Not always a copy: an array that already is one (int64, C-contiguous) comes
+    back as it is, so a caller that keeps or changes it copies it first."""
     arr = _to_numpy(indices)
     if arr.ndim == 0:
         arr = arr.reshape(1)
